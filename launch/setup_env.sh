@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Creates .venv (if missing) and installs the course into it. Called by `make lab` and `make test`.
+# CPU-only machines get the CPU build of torch; a CUDA build the machine already has is kept.
+#   TORCH_CPU_SPEC   what to install on a machine with no NVIDIA GPU (default torch==2.13.0)
+#   TORCH_CPU_INDEX  an index that serves CPU builds, e.g. https://download.pytorch.org/whl/cpu
+set -euo pipefail
+VENV=${VENV:-.venv}
+PYTHON=${PYTHON:-python3}
+if [ ! -x "$VENV/bin/python" ]; then
+  site=""
+  # A CUDA torch installed system-wide or by conda stays visible to the venv, so it is not replaced.
+  if "$PYTHON" -c "import sys, torch; sys.exit(0 if torch.version.cuda else 1)" 2>/dev/null; then
+    site="--system-site-packages"
+    echo "setup: keeping this machine's CUDA build of torch ($("$PYTHON" -c 'import torch; print(torch.__version__)'))"
+  fi
+  "$PYTHON" -m venv $site "$VENV"
+fi
+PY="$VENV/bin/python"
+if ! "$PY" -c "import torch" 2>/dev/null; then
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    echo "setup: NVIDIA GPU found, installing the default (CUDA) build of torch"
+    "$PY" -m pip install "torch>=2.4"
+  else
+    spec=${TORCH_CPU_SPEC:-torch==2.13.0}
+    echo "setup: no NVIDIA GPU, installing the CPU build of torch ($spec)"
+    "$PY" -m pip install "$spec" ${TORCH_CPU_INDEX:+--index-url "$TORCH_CPU_INDEX"}
+  fi
+fi
+"$PY" -m pip install -q -e ".[dev]"
+touch "$VENV/.installed"
+echo "setup: done ($("$PY" -c 'import torch; print("torch", torch.__version__, "CUDA" if torch.cuda.is_available() else "CPU only")'))"

@@ -1,0 +1,92 @@
+"""The two dependency lists agree, and committed notebooks are clean."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import tomllib
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# conda names that differ from PyPI names
+CONDA_TO_PYPI = {"pytorch": "torch"}
+
+
+def _name(req: str) -> str:
+    return re.split(r"[<>=!~;\[ ]", req.strip(), maxsplit=1)[0].lower().replace("_", "-")
+
+
+def pyproject_names() -> set[str]:
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    reqs = list(data["project"]["dependencies"]) + list(data["project"]["optional-dependencies"]["dev"])
+    return {_name(r) for r in reqs}
+
+
+def conda_names(text: str) -> set[str]:
+    env = yaml.safe_load(text)
+    names = set()
+    for dep in env["dependencies"]:
+        if isinstance(dep, dict):  # a pip: section
+            names |= {_name(r) for r in dep.get("pip", [])}
+            continue
+        n = _name(dep)
+        if n != "python":
+            names.add(CONDA_TO_PYPI.get(n, n))
+    return names
+
+
+def test_environment_yml_matches_pyproject():
+    conda = conda_names((ROOT / "environment.yml").read_text())
+    pip = pyproject_names()
+    assert conda == pip, f"only in environment.yml: {sorted(conda - pip)}; only in pyproject: {sorted(pip - conda)}"
+
+
+def test_comparison_catches_a_missing_dependency():
+    text = (ROOT / "environment.yml").read_text().replace("  - cloudpickle\n", "")
+    assert "cloudpickle" not in conda_names(text)
+    assert conda_names(text) != pyproject_names()
+
+
+def _tracked_notebooks() -> list[Path]:
+    out = subprocess.run(
+        ["git", "ls-files", "*.ipynb"], cwd=ROOT, capture_output=True, text=True, check=False
+    ).stdout
+    files = [ROOT / p for p in out.split()]
+    return files or sorted((ROOT / "notebooks").glob("*.ipynb"))
+
+
+def notebook_problems(nb: dict) -> list[str]:
+    """What keeps a notebook from being committable: outputs, execution counts, a foreign kernel."""
+    problems = []
+    kernel = nb.get("metadata", {}).get("kernelspec", {}).get("name")
+    if kernel != "python3":
+        problems.append(f"kernelspec is {kernel!r}, not 'python3'")
+    for i, cell in enumerate(nb.get("cells", [])):
+        if cell.get("cell_type") != "code":
+            continue
+        if cell.get("outputs"):
+            problems.append(f"cell {i} has outputs")
+        if cell.get("execution_count") is not None:
+            problems.append(f"cell {i} has an execution count")
+    return problems
+
+
+def test_committed_notebooks_are_stripped_and_use_python3():
+    notebooks = _tracked_notebooks()
+    assert notebooks, "no notebooks found"
+    bad = {str(p.relative_to(ROOT)): notebook_problems(json.loads(p.read_text())) for p in notebooks}
+    bad = {k: v for k, v in bad.items() if v}
+    assert not bad, f"strip outputs (nbstripout) and use the python3 kernel: {bad}"
+
+
+def test_hygiene_check_catches_outputs_and_kernels():
+    cell = {"cell_type": "code", "source": "1", "outputs": [{"output_type": "stream"}], "execution_count": 1}
+    nb = {"metadata": {"kernelspec": {"name": "myenv"}}, "cells": [cell]}
+    problems = notebook_problems(nb)
+    assert any("outputs" in p for p in problems)
+    assert any("execution count" in p for p in problems)
+    assert any("kernelspec" in p for p in problems)
