@@ -1,6 +1,6 @@
 """Exercise checks. Each check says what was expected and what it saw.
 
-A check cell calls one function from here. Outcomes:
+A check cell calls one function from here or from a lesson submodule (checks/streams.py, ...). Outcomes:
 - passed: the function returns (and prints a one-line "passed: ..." message);
 - failed: it raises `CheckFailed` with "expected ..., saw ..." in the message;
 - skipped: a check that needs CUDA prints a line starting with SKIP_MARKER and returns, so the notebook
