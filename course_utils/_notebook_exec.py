@@ -1,0 +1,258 @@
+"""Run a notebook that may misbehave: fresh kernel, time limits, capped output, no leftovers.
+
+Built on nbclient's cell machinery, with what grading untrusted notebooks needs on top:
+- every cell runs even after an error (like the grader of a course: a broken exercise must not zero the rest);
+- a cell past its time limit is interrupted; if the kernel ignores the interrupt it is killed and the
+  remaining cells are reported as not run; the whole notebook has its own limit too;
+- a kernel that dies (os._exit, a crash) ends the run; the cells after it are "not run";
+- output kept per cell and per notebook is capped (a cell printing 100 MB costs memory only once, in transit);
+- the kernel's process group (and, with psutil, its other descendants) is killed at the end, whatever happened.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+
+import nbformat
+from nbclient import NotebookClient
+from nbclient.exceptions import DeadKernelError
+
+TIMEOUT_ENAME = "CellTimeoutError"
+CUT_NOTE = "\n[grader: output cut here; it passed the limit of {} characters]\n"
+
+
+@dataclass
+class CellRun:
+    """What happened to one cell. status: ok, error, timeout, not run (code cells only)."""
+
+    index: int
+    status: str
+    ename: str = ""
+    evalue: str = ""
+    stdout: str = ""
+    seconds: float = 0.0
+
+
+@dataclass
+class NotebookRun:
+    cells: dict[int, CellRun] = field(default_factory=dict)
+    stopped: str = ""  # why the run ended before the last cell, empty if it did not
+    seconds: float = 0.0
+    nb: object = None  # the executed notebook, outputs capped
+
+
+class _GradingClient(NotebookClient):
+    """NotebookClient that caps the output it keeps and remembers each cell's output-reading task."""
+
+    def __init__(self, nb, max_cell_output: int, max_total_output: int, **kw):
+        super().__init__(nb, **kw)
+        self.max_cell_output = max_cell_output
+        self.max_total_output = max_total_output
+        self.total_output = 0
+        self.cell_output: dict[int, int] = {}
+        self.cut_cells: set[int] = set()
+        self.output_task: asyncio.Task | None = None
+        self.replies: dict[int, dict] = {}
+        self.on_cell_executed = self._record_reply
+
+    def _record_reply(self, cell, cell_index, execute_reply=None, **_):
+        self.replies[cell_index] = (execute_reply or {}).get("content", {})
+
+    async def _async_poll_output_msg(self, parent_msg_id, cell, cell_index):
+        self.output_task = asyncio.current_task()
+        return await super()._async_poll_output_msg(parent_msg_id, cell, cell_index)
+
+    def output(self, outs, msg, display_id, cell_index):
+        content = msg.get("content", {})
+        kind = msg.get("msg_type")
+        used = self.cell_output.get(cell_index, 0)
+        left = max(0, min(self.max_cell_output - used, self.max_total_output - self.total_output))
+        if kind == "error":
+            tb = content.get("traceback") or []
+            content["traceback"] = tb[:3] + ["..."] + tb[-20:] if len(tb) > 23 else tb
+            size = sum(len(t) for t in content["traceback"]) + len(str(content.get("evalue", "")))
+            if size > 20_000:  # a huge message string; keep the start, which says what failed
+                content["evalue"] = str(content.get("evalue", ""))[:2000]
+                content["traceback"] = [t[:2000] for t in content["traceback"][-5:]]
+            size = min(size, 20_000)  # error outputs are always kept (the grader reads them)
+        elif kind == "stream":
+            text = content.get("text", "")
+            size = len(text)
+            if size > left:
+                self._cut(cell_index)
+                if not left:
+                    return None
+                content["text"] = text[:left]
+                size = left
+        else:
+            data = content.get("data", {})
+            size = sum(len(v) if isinstance(v, str) else len(str(v)) for v in data.values())
+            if size > left:
+                self._cut(cell_index)
+                return None
+        self.cell_output[cell_index] = used + size
+        self.total_output += size
+        return super().output(outs, msg, display_id, cell_index)
+
+    def _cut(self, cell_index):
+        self.cut_cells.add(cell_index)
+
+    def note_cut(self, cell, index: int) -> None:
+        """After a cell ran: say in its outputs that some of them were dropped."""
+        if index in self.cut_cells:
+            limit = min(self.max_cell_output, self.max_total_output)
+            cell.outputs.append(nbformat.v4.new_output("stream", name="stderr", text=CUT_NOTE.format(limit)))
+
+
+def _stdout(cell) -> str:
+    return "".join(o.get("text", "") for o in cell.get("outputs", []) if o.get("output_type") == "stream"
+                   and o.get("name") == "stdout")
+
+
+def _error(cell) -> tuple[str, str]:
+    for o in cell.get("outputs", []):
+        if o.get("output_type") == "error":
+            return o.get("ename", ""), o.get("evalue", "")
+    return "", ""
+
+
+def _kernel_tree(pid: int | None) -> list:
+    """The kernel's descendants (workers it spawned), if psutil is here to find them."""
+    if not pid:
+        return []
+    try:
+        import psutil
+
+        return psutil.Process(pid).children(recursive=True)
+    except Exception:  # psutil missing, or the kernel already gone
+        return []
+
+
+def _kill(pgid: int | None, descendants: list) -> None:
+    if pgid and pgid != os.getpgrp():
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    for proc in descendants:
+        try:
+            proc.kill()
+        except Exception:  # already gone
+            pass
+
+
+async def _run(nb, *, kernel_name, cwd, cell_timeout, timeout, max_cell_output, max_total_output) -> NotebookRun:
+    start = time.monotonic()
+    deadline = start + timeout
+    result = NotebookRun(nb=nb)
+    client = _GradingClient(
+        nb,
+        max_cell_output,
+        max_total_output,
+        kernel_name=kernel_name,
+        allow_errors=True,
+        interrupt_on_timeout=True,
+        error_on_timeout={"ename": TIMEOUT_ENAME, "evalue": ""},  # evalue set per cell below
+        timeout_func=lambda cell: max(1, min(cell_timeout, deadline - time.monotonic())),
+        shutdown_kernel="immediate",
+        iopub_timeout=4,
+        startup_timeout=60,
+        record_timing=False,
+    )
+    client.reset_execution_trackers()
+    client.km = client.create_kernel_manager()
+    pid = pgid = None
+    try:
+        # The kernel's own stderr (not the cells' output, which comes over iopub) would clutter the report.
+        await client.async_start_new_kernel(cwd=str(cwd), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        provisioner = getattr(client.km, "provisioner", None)
+        pid, pgid = getattr(provisioner, "pid", None), getattr(provisioner, "pgid", None)
+        await client.async_start_new_kernel_client()
+        code_cells = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and c.source.strip()]
+        for n, index in enumerate(code_cells):
+            cell = nb.cells[index]
+            left = deadline - time.monotonic()
+            if left <= 0 or result.stopped:
+                if not result.stopped:
+                    result.stopped = f"the notebook time limit of {timeout:g} s was reached before cell {index}"
+                for j in code_cells[n:]:
+                    result.cells[j] = CellRun(j, "not run")
+                break
+            limit = max(1, min(cell_timeout, left))
+            client.error_on_timeout["evalue"] = f"cell {index} ran past its time limit of {limit:.3g} s and was stopped"
+            t0 = time.monotonic()
+            try:
+                await asyncio.wait_for(client.async_execute_cell(cell, index, execution_count=n + 1), limit + 30)
+            except DeadKernelError:
+                died = "the kernel died (os._exit or a crash)"
+                result.cells[index] = CellRun(index, "error", "DeadKernelError", died, _stdout(cell),
+                                              time.monotonic() - t0)
+                result.stopped = f"the kernel died in cell {index}"
+                continue
+            except asyncio.TimeoutError:  # nbclient itself stuck: treat as a kernel that would not stop
+                result.cells[index] = CellRun(index, "timeout", TIMEOUT_ENAME, f"cell {index} never finished",
+                                              _stdout(cell), time.monotonic() - t0)
+                result.stopped = f"cell {index} never finished"
+                continue
+            client.note_cut(cell, index)
+            reply = client.replies.get(index, {})
+            ename, evalue = _error(cell)
+            if reply.get("status") == "error" and reply.get("ename") == TIMEOUT_ENAME:
+                ename, evalue = TIMEOUT_ENAME, reply.get("evalue", "")
+            elif reply.get("status") == "error" and not ename:
+                ename, evalue = reply.get("ename", "Error"), reply.get("evalue", "")
+            status = "timeout" if ename == TIMEOUT_ENAME else ("error" if ename else "ok")
+            result.cells[index] = CellRun(index, status, ename, evalue, _stdout(cell), time.monotonic() - t0)
+            task = client.output_task
+            if status == "timeout" and task is not None and task.cancelled():
+                # The interrupt did not bring the kernel back to idle: it is stuck; stop here.
+                result.stopped = f"the kernel ignored the interrupt after the time limit in cell {index}"
+    finally:
+        descendants = _kernel_tree(pid)
+        try:
+            await asyncio.wait_for(client._async_cleanup_kernel(), 15)
+        except Exception:  # kernel already dead, or cleanup stuck: the kill below settles it
+            pass
+        _kill(pgid, descendants)
+    result.seconds = time.monotonic() - start
+    return result
+
+
+def run_notebook(
+    nb,
+    *,
+    cwd: str | os.PathLike = ".",
+    kernel_name: str = "python3",
+    cell_timeout: float = 120,
+    timeout: float = 600,
+    max_cell_output: int = 1_000_000,
+    max_total_output: int = 20_000_000,
+) -> NotebookRun:
+    """Execute `nb` (modified in place) in a fresh kernel started in `cwd`; never raises for the notebook's errors."""
+    coro = _run(nb, kernel_name=kernel_name, cwd=cwd, cell_timeout=cell_timeout, timeout=timeout,
+                max_cell_output=max_cell_output, max_total_output=max_total_output)
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    # Called from a running event loop (a notebook cell): run in a thread with a loop of its own.
+    box: dict = {}
+
+    def target():
+        try:
+            box["result"] = asyncio.run(coro)
+        except BaseException as e:  # re-raised in the caller's thread
+            box["error"] = e
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join()
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
