@@ -1,14 +1,15 @@
 """Shared test set-up.
 
-COURSE_REQUIRE_GPU=1 (set by `make test-gpu`) turns every skip into a failure, so a GPU run proves
-the GPU paths instead of quietly skipping them. The one exception: tests marked `multigpu` on a machine
-with a single GPU.
+COURSE_REQUIRE_GPU=1 (set by `make test-gpu`) turns every skip for want of a GPU into a failure, so a
+GPU run proves the GPU paths instead of quietly skipping them. Skips for other reasons (an optional tool
+missing) stay skips, and so do tests marked `multigpu` on a machine with a single GPU.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import re
 
 import pytest
 
@@ -25,6 +26,11 @@ def _cuda_count() -> int:
         return 0
 
 
+def is_gpu_skip(reason: str) -> bool:
+    """A skip that means 'no GPU here' (as opposed to, say, an optional tool missing)."""
+    return bool(re.search(r"\b(GPU|GPUs|CUDA|cuda|NCCL)\b", reason))
+
+
 def pytest_collection_modifyitems(config, items):
     n = _cuda_count()
     for item in items:
@@ -38,10 +44,10 @@ def pytest_collection_modifyitems(config, items):
 def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
-    # In a GPU run a skip means a GPU path went unproven; only tests needing more GPUs than this
-    # machine has may still skip (they are proven on a machine with enough).
+    if not (REQUIRE_GPU and report.skipped):
+        return
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
     more_than_here = "multigpu" in item.keywords and _cuda_count() < 2
-    if REQUIRE_GPU and report.skipped and not more_than_here:
+    if is_gpu_skip(reason) and not more_than_here:
         report.outcome = "failed"
-        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
-        report.longrepr = f"skipped under COURSE_REQUIRE_GPU=1: {reason}"
+        report.longrepr = f"skipped for want of a GPU under COURSE_REQUIRE_GPU=1: {reason}"
