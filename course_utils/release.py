@@ -139,9 +139,17 @@ def exercises(nb, name: str = "notebook", require_markers: bool = True) -> list[
     return found
 
 
-def student_version(master, name: str = "notebook"):
-    """A copy of `master` as students get it: solutions stubbed, outputs cleared, check cells locked."""
-    exercises(master, name)  # validate first
+def student_version(master, name: str = "notebook", completed: tuple[str, ...] | set[str] = ()):
+    """A copy of `master` as students get it: solutions stubbed, outputs cleared, check cells locked.
+
+    Exercises named in `completed` keep their solution (markers dropped), as a student who solved them would
+    hand them in: tests use it to make submissions.
+    """
+    found = exercises(master, name)  # validate first
+    unknown = sorted(set(completed) - {ex.grade_id for ex in found})
+    if unknown:
+        raise ReleaseError(f"{name}: no exercise {unknown}")
+    keep = {i for ex in found if ex.grade_id in completed for i in ex.solution_indices}
     nb = copy.deepcopy(master)
     for i, cell in enumerate(nb.cells):
         cell.get("metadata", {}).pop("execution", None)
@@ -150,8 +158,13 @@ def student_version(master, name: str = "notebook"):
         cell.outputs = []
         cell.execution_count = None
         if is_solution_cell(cell):
-            n = len(_blocks(cell.source, f"{name}, cell {i}"))
-            cell.source = replace_blocks(cell.source, [STUB] * n)
+            blocks = _blocks(cell.source, f"{name}, cell {i}")
+            if i in keep:
+                lines = cell.source.split("\n")
+                answers = ["\n".join(lines[b + 1 : e]) for b, e in blocks]
+                cell.source = replace_blocks(cell.source, answers)
+            else:
+                cell.source = replace_blocks(cell.source, [STUB] * len(blocks))
         if is_check_cell(cell):
             cell.metadata["editable"] = False
             cell.metadata["deletable"] = False
