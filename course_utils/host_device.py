@@ -139,7 +139,7 @@ def _print_to_nowhere(t: torch.Tensor) -> None:
     print(t, file=io.StringIO())
 
 
-# name -> (what the host does with tensor t, does it need the data?)
+# call as written in a program -> what the host does with tensor t
 SYNC_POINTS: dict[str, Callable[[torch.Tensor], Any]] = {
     "t.shape": lambda t: t.shape,
     "t * 2": lambda t: t * 2,
@@ -159,7 +159,7 @@ def sync_stalls(busy_ms: float = 20.0, numel: int = 8) -> dict[str, Any]:
     For each operation: queue a `busy_ms` kernel, then time the operation on the host clock. Operations
     that only enqueue work or read metadata return at once; those that need the data (or a sync) wait
     for the kernel. Also counts the syncs `torch.cuda.set_sync_debug_mode` reports for each one.
-    Returns {"busy_ms", "host_ms": {name: ms}, "syncs": {name: count}, "spans": [...]}.
+    Returns {"busy_ms", "rows": [{"call", "host_ms", "syncs"}, ...] in SYNC_POINTS order, "spans": [...]}.
     """
     if not torch.cuda.is_available():
         raise RuntimeError("sync_stalls needs a CUDA GPU: on the CPU no call ever waits for a device")
@@ -169,7 +169,7 @@ def sync_stalls(busy_ms: float = 20.0, numel: int = 8) -> dict[str, Any]:
         op(t)
     torch.cuda.synchronize()
     tl = Timeline()
-    host_ms, syncs = {}, {}
+    rows = []
     for name, op in SYNC_POINTS.items():
         torch.cuda.synchronize()
         with tl.span(f"GPU busy {busy_ms:g} ms", kind="compute"):
@@ -178,10 +178,10 @@ def sync_stalls(busy_ms: float = 20.0, numel: int = 8) -> dict[str, Any]:
             t0 = time.perf_counter()
             with tl.span(name, kind="host", stream="host"):
                 op(t)
-            host_ms[name] = (time.perf_counter() - t0) * 1e3
-        syncs[name] = counted.count
+            elapsed = (time.perf_counter() - t0) * 1e3
+        rows.append({"call": name, "host_ms": elapsed, "syncs": counted.count})
         torch.cuda.synchronize()
-    return {"busy_ms": busy_ms, "host_ms": host_ms, "syncs": syncs, "spans": [s.to_dict() for s in tl.spans()]}
+    return {"busy_ms": busy_ms, "rows": rows, "spans": [s.to_dict() for s in tl.spans()]}
 
 
 @dataclass
@@ -451,13 +451,14 @@ def plot_sync_stalls(data: dict[str, Any], title: str = ""):
     """Bar chart: host time of each operation while the GPU was busy for data['busy_ms'] ms."""
     import matplotlib.pyplot as plt
 
-    names = list(data["host_ms"])
-    values = [data["host_ms"][n] for n in names]
+    names = [r["call"] for r in data["rows"]]
+    values = [r["host_ms"] for r in data["rows"]]
     fig, ax = plt.subplots(figsize=(8, 3.6))
     colors = ["tab:red" if v > 0.5 * data["busy_ms"] else "tab:blue" for v in values]
     ax.barh(names, values, color=colors)
     ax.axvline(data["busy_ms"], color="grey", ls="--", label=f"GPU kernel queued: {data['busy_ms']:g} ms")
     ax.invert_yaxis()
+    ax.set_xlim(0, max(max(values), data["busy_ms"]) * 1.6)
     ax.set_xlabel("host time of the call (ms)")
     ax.set_title(title or "Which calls make the host wait for the GPU (red: waited)")
     ax.legend(loc="lower right")
