@@ -224,7 +224,7 @@ def grade_notebook(
     grade.exercises = score(exercises, roles, run)
     grade.seconds, grade.stopped = run.seconds, run.stopped
     if executed_dir:
-        out = Path(executed_dir) / _label(submission).replace("/", "__")
+        out = Path(executed_dir) / _label(submission).lstrip(os.sep).replace(os.sep, "__")
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(release.dumps(nb), encoding="utf-8")
     return grade
