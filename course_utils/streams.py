@@ -160,6 +160,29 @@ def host_cost_per_op_us(device: torch.device | str, n: int = 2000, numel: int = 
     return elapsed / n * 1e6
 
 
+def handoff(kernel_ms: float) -> dict[str, Any]:
+    """A producer on a side stream, a consumer on the current stream, ordered by `wait_stream`.
+
+    `main.wait_stream(side)` enqueues a wait on `main` for the work queued on `side` so far; the host
+    does not wait. The consumer's kernel starts only when the producer's has finished.
+    """
+    main, side = torch.cuda.current_stream(), side_streams(1)[0]
+    x = torch.empty(1024, device="cuda")
+    torch.cuda.synchronize()
+    tl = Timeline()
+    tl.name_stream(side, "side stream (producer)")
+    side.wait_stream(main)  # x was allocated on main: the producer must not start before main gets there
+    with tl.span("produce: sleep, then fill x", stream=side):
+        torch.cuda._sleep(int(kernel_ms * calibrate_sleep()))
+        x.fill_(1.0)
+    with tl.span("main.wait_stream(side)", kind="host", stream="host"):
+        main.wait_stream(side)
+    with tl.span("consume: y = x * 2", stream=main):
+        y = x * 2
+    spans = [s.to_dict() for s in tl.spans()]
+    return {"spans": spans, "y_ok": bool((y == 2).all().item())}
+
+
 # ------------------------------------------------------------------------------------- the exercise
 
 
@@ -250,6 +273,7 @@ def record_lesson02() -> dict[str, Any]:
         "matmul": {str(n): matmul_on_streams(s["matmul"], s["n_matmuls"], n) for n in (1, 2)},
         "tiny": {str(n): tiny_ops_on_streams(s["tiny_chains"], s["tiny_ops"], n) for n in (1, 2)},
         "host_us_per_op": host_cost_per_op_us("cuda"),
+        "handoff": handoff(s["kernel_ms"]),
         "exercise": {"one_stream_ms": time_run(run_on_one_stream, work)["ms"],
                      "split_ms": time_run(split_chains_reference, work)["ms"], "serial_ms": work.serial_ms()},
     }
