@@ -115,6 +115,7 @@ def producer_consumer_spans(wait: bool, sleep: float = 10.0) -> list[dict[str, A
     """The producer/consumer pair on a Timeline: spans as dicts (what a recording stores)."""
     from .timeline import Timeline
 
+    producer_consumer(wait=True, sleep=0.1)  # warm-up: the first use of a kernel loads it, which can stall
     tl = Timeline()
     producer_consumer(wait=wait, sleep=sleep, tl=tl)
     return [s.to_dict() for s in tl.spans()]
