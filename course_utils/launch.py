@@ -686,12 +686,12 @@ class Pool:
             results = group.wait(group.send(payload), _deadline(timeout), timeout)
         except WorkerError as err:
             if err.stopped or any(r.proc.poll() is not None for r in group.ranks):
-                self.close()
+                self._kill()
                 _add_note(err, "The pool has been shut down because its ranks were no longer in step; "
                                "create a new Pool.")
             raise
         except BaseException as err:  # a timeout or Ctrl-C: some ranks are stuck somewhere
-            self.close()
+            self._kill()
             if isinstance(err, WorkerTimeout):
                 _add_note(err, "The pool has been shut down; create a new Pool.")
             raise
@@ -712,6 +712,15 @@ class Pool:
                     r.close_after_write = True
                     group._write_some(r)
             group.finish(None)
+
+    def _kill(self) -> None:
+        """Stop the workers at once (they may be stuck in a collective): no goodbye, no waiting."""
+        global _current
+        group, self._group = self._group, None
+        if _current is self:
+            _current = None
+        if group is not None:
+            group.kill()
 
     def __enter__(self) -> Pool:
         return self

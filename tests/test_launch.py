@@ -1,5 +1,6 @@
 """course_utils.launch on the CPU (gloo): results, torchrun's environment, output, errors, timeouts,
-Ctrl-C, parent death, cleanup, Pool, the %%torchrun / %%ranks magics. NCCL tests are in test_launch_gpu.py.
+Ctrl-C, parent death, cleanup, Pool, the %%torchrun / %%ranks magics; at the end, the NCCL path on GPUs
+(marked gpu/multigpu: skipped here, run by `make test-gpu` on the 2-GPU machines).
 
 Functions under test are defined the way a notebook cell defines them (in a module named __main__), so
 cloudpickle must ship them by value, as it does from Jupyter.
@@ -427,3 +428,77 @@ def test_torchrun_magic_cli_uses_the_real_torchrun(shell, capsys, monkeypatch, t
         shell.run_cell_magic("torchrun", "-n 2 --backend gloo --cli", "raise SystemExit(7)")
     assert list(tmp_path.iterdir()) == []
     assert_clean(before)
+
+
+# ---- NCCL on GPUs ---------------------------------------------------------------------------------
+
+CUDA_ALL_REDUCE = cell_function("""
+    import os
+    import torch
+    import torch.distributed as dist
+
+    def cuda_all_reduce(scale=1.0):
+        device = torch.device("cuda", torch.cuda.current_device())
+        t = torch.full((1024,), float(dist.get_rank() + 1), device=device) * scale
+        dist.all_reduce(t)
+        torch.cuda.synchronize()
+        print(f"rank {dist.get_rank()} on {device}: sum {t[0].item():g}")
+        return {"tensor": t, "device": str(device), "local_rank": int(os.environ["LOCAL_RANK"]),
+                "backend": dist.get_backend()}
+""", "cuda_all_reduce")
+
+
+def assert_notebook_untouched():
+    assert not torch.cuda.is_initialized()
+    assert not dist.is_initialized()
+    assert psutil.Process().children(recursive=True) == []
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(120)
+def test_cuda_results_come_back_on_the_cpu():
+    results = launch.run(CUDA_ALL_REDUCE, nproc=1, backend="nccl")
+    assert results[0]["device"] == "cuda:0" and results[0]["backend"] == "nccl"
+    assert results[0]["tensor"].device.type == "cpu" and torch.equal(results[0]["tensor"], torch.ones(1024))
+    assert_notebook_untouched()
+
+
+@pytest.mark.multigpu
+@pytest.mark.timeout(120)
+def test_run_auto_picks_nccl_one_gpu_per_rank():
+    results = launch.run(CUDA_ALL_REDUCE, 2.0, nproc=2)  # backend="auto"
+    for rank, r in results.items():
+        assert r["backend"] == "nccl" and r["device"] == f"cuda:{rank}" and r["local_rank"] == rank
+        assert r["tensor"].device.type == "cpu" and torch.equal(r["tensor"], torch.full((1024,), 6.0))
+    assert_notebook_untouched()
+
+
+@pytest.mark.multigpu
+@pytest.mark.timeout(120)
+def test_torchrun_magic_with_nccl(shell, capsys):
+    cell = ("t = torch.ones(8, device='cuda') * (dist.get_rank() + 1)\ndist.all_reduce(t)\n"
+            "print(dist.get_backend(), torch.cuda.current_device())\nt")
+    values = shell.run_cell_magic("torchrun", "-n 2 --backend nccl", cell)
+    assert all(torch.equal(v, torch.full((8,), 3.0)) for v in values.values())
+    out = capsys.readouterr().out
+    assert "[rank 0] nccl 0" in out and "[rank 1] nccl 1" in out
+    shell.run_cell_magic("torchrun", "-n 2 --backend nccl --cli", cell.rsplit("\n", 1)[0])
+    assert "nccl 1" in capsys.readouterr().out
+    assert_notebook_untouched()
+
+
+@pytest.mark.multigpu
+@pytest.mark.timeout(180)
+def test_pool_with_nccl_round_trips_and_stops_a_stuck_collective():
+    with Pool(2, backend="nccl") as pool:
+        for scale in (1.0, 3.0):
+            results = pool.run(CUDA_ALL_REDUCE, scale)
+            assert [torch.equal(r["tensor"], torch.full((1024,), 3.0 * scale)) for r in results.values()] == [True] * 2
+        pids = pool.pids
+        # rank 1 fails while rank 0 waits in an NCCL all_reduce, which would otherwise wait ~10 minutes
+        with pytest.raises(WorkerError, match="rank 1 failed first") as info:
+            pool.exec("if dist.get_rank() == 1:\n    raise RuntimeError('no')\n"
+                      "dist.all_reduce(torch.ones(1, device='cuda'))\ntorch.cuda.synchronize()")
+        assert info.value.stopped == [0] and pool.closed
+    assert_gone(pids)
+    assert_notebook_untouched()

@@ -1,0 +1,125 @@
+"""How fast course_utils.launch starts ranks, measured against the torchrun CLI on this machine.
+
+    python benchmarks/launch_latency.py                    # gloo on the CPU
+    python benchmarks/launch_latency.py --backend nccl     # on a GPU box (one GPU per rank)
+
+1. Cold launch: a trivial job (init the process group, all_reduce a small tensor, return) on 2 fresh ranks,
+   from Python with torch already imported (as in a notebook), against `torchrun --standalone` running the
+   same job as a script. The two alternate, so both see the same machine load. Target: ratio <= 0.6.
+2. Warm Pool round trip: Pool(4).run(fn) where fn all_reduces a small tensor and returns it. Target: median
+   under 50 ms on the 2-core CPU machine.
+Every figure printed comes from this run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from course_utils import launch  # noqa: E402
+
+SCRIPT = """\
+import os
+import torch
+import torch.distributed as dist
+
+backend = {backend!r}
+if backend == "nccl":
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+dist.init_process_group(backend)
+t = torch.ones(4, device="cuda" if backend == "nccl" else "cpu")
+dist.all_reduce(t)
+dist.destroy_process_group()
+"""
+
+
+def trivial_job():
+    """The same job as SCRIPT, as a function for launch.run (the process group is already initialised)."""
+    import torch
+    import torch.distributed as dist
+
+    t = torch.ones(4, device="cuda" if dist.get_backend() == "nccl" else "cpu")
+    dist.all_reduce(t)
+    return t
+
+
+def small_all_reduce(rank_scale: float = 1.0):
+    import torch
+    import torch.distributed as dist
+
+    t = torch.full((16,), float(dist.get_rank()) * rank_scale, device="cuda" if dist.get_backend() == "nccl" else "cpu")
+    dist.all_reduce(t)
+    return t
+
+
+def time_once(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--backend", choices=["gloo", "nccl"], default="gloo")
+    parser.add_argument("--repeats", type=int, default=3, help="cold launches of each kind (default 3)")
+    parser.add_argument("--calls", type=int, default=50, help="timed warm Pool calls (default 50)")
+    parser.add_argument("--cold-nproc", type=int, default=2)
+    parser.add_argument("--pool-nproc", type=int, default=4)
+    args = parser.parse_args()
+    pool_nproc = args.pool_nproc
+    if args.backend == "nccl":
+        gpus = torch.cuda.device_count()
+        if gpus < args.cold_nproc:
+            sys.exit(f"--backend nccl needs {args.cold_nproc} GPUs; this machine has {gpus}")
+        pool_nproc = min(pool_nproc, gpus)
+
+    gpu_names = sorted({torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())}) \
+        if args.backend == "nccl" else []
+    print(f"machine: {os.cpu_count()} CPU cores, {platform.python_implementation()} {platform.python_version()}, "
+          f"torch {torch.__version__}, backend {args.backend}" + (f", GPUs {gpu_names}" if gpu_names else ""))
+
+    with tempfile.TemporaryDirectory(prefix="launch-bench-") as tmp:
+        script = os.path.join(tmp, "job.py")
+        with open(script, "w") as f:
+            f.write(SCRIPT.format(backend=args.backend))
+        torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                    f"--nproc-per-node={args.cold_nproc}", script]
+        ours, theirs = [], []
+        for _ in range(args.repeats):  # alternate, so a busy moment hurts both alike
+            ours.append(time_once(lambda: launch.run(trivial_job, nproc=args.cold_nproc, backend=args.backend)))
+            theirs.append(time_once(lambda: subprocess.run(torchrun, check=True, stdout=subprocess.DEVNULL,
+                                                           stderr=subprocess.DEVNULL)))
+    ours_s, theirs_s = statistics.median(ours), statistics.median(theirs)
+    print(f"\ncold launch, {args.cold_nproc} ranks, trivial all_reduce job ({args.repeats} each, alternating):")
+    print(f"  course_utils.launch.run   median {ours_s:6.2f} s   runs {', '.join(f'{t:.2f}' for t in ours)}")
+    print(f"  torchrun CLI              median {theirs_s:6.2f} s   runs {', '.join(f'{t:.2f}' for t in theirs)}")
+    ratio = ours_s / theirs_s
+    print(f"  ratio run/torchrun = {ratio:.2f}   (target <= 0.6: {'met' if ratio <= 0.6 else 'NOT met'})")
+
+    start = time.perf_counter()
+    with launch.Pool(pool_nproc, backend=args.backend) as pool:
+        started = time.perf_counter() - start
+        for _ in range(5):  # warm-up: first calls pay for lazy set-up in gloo/NCCL
+            pool.run(small_all_reduce)
+        calls = [time_once(lambda: pool.run(small_all_reduce, 2.0)) for _ in range(args.calls)]
+        expected = torch.full((16,), 2.0 * sum(range(pool_nproc)))
+        assert all(torch.equal(v, expected) for v in pool.run(small_all_reduce, 2.0).values())
+    ms = sorted(c * 1000 for c in calls)
+    median = statistics.median(ms)
+    print(f"\nwarm Pool round trip, {pool_nproc} ranks, all_reduce of 16 floats ({args.calls} calls; pool start "
+          f"{started:.2f} s):")
+    print(f"  median {median:.1f} ms   p10 {ms[len(ms) // 10]:.1f} ms   p90 {ms[(9 * len(ms)) // 10]:.1f} ms   "
+          f"max {ms[-1]:.1f} ms   (target median < 50 ms: {'met' if median < 50 else 'NOT met'})")
+
+
+if __name__ == "__main__":
+    main()
