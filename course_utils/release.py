@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import copy
 import sys
-import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -89,9 +88,28 @@ def replace_blocks(source: str, replacements: list[str], where: str = "cell") ->
     blocks = _blocks(source, where)
     for (begin, end), text in reversed(list(zip(blocks, replacements, strict=False))):
         indent = lines[begin][: len(lines[begin]) - len(lines[begin].lstrip())]
-        body = textwrap.dedent(text.strip("\n")).split("\n")
-        lines[begin : end + 1] = [indent + ln if ln.strip() else "" for ln in body]
+        lines[begin : end + 1] = _reindent(text, indent)
     return "\n".join(lines)
+
+
+def _reindent(text: str, indent: str) -> list[str]:
+    """Lines of `text` moved to `indent`: its common margin (taken from code lines, not comments) is replaced.
+
+    So an answer may be written at column 0 or already at the block's indentation, with or without a
+    `# ruff: noqa` line at column 0.
+    """
+    body = text.strip("\n").split("\n")
+    code = [ln for ln in body if ln.strip() and not ln.lstrip().startswith("#")] or [ln for ln in body if ln.strip()]
+    margin = min((len(ln) - len(ln.lstrip()) for ln in code), default=0)
+    out = []
+    for ln in body:
+        if not ln.strip():
+            out.append("")
+        elif ln[:margin].strip() == "":
+            out.append(indent + ln[margin:])
+        else:  # a comment left of the margin
+            out.append(indent + ln.lstrip())
+    return out
 
 
 def exercises(nb, name: str = "notebook", require_markers: bool = True) -> list[Exercise]:

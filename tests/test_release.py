@@ -153,3 +153,9 @@ def test_fixture_wrong_answers_name_real_exercises():
     ids = {ex.grade_id for ex in release.exercises(master(), "fixture")}
     files = {p.stem for p in (FIXTURES / "wrong_answers" / MASTER.stem).glob("*.py")}
     assert files == ids
+
+
+def test_answers_written_at_the_blocks_indentation_are_not_indented_twice():
+    already = "# ruff: noqa: F821\n    # a comment\n    return a - b\n"
+    nb = release.substitute(master(), {"ex99_add": already}, "fixture")
+    assert nb.cells[3].source.split("\n")[-3:] == ["    # ruff: noqa: F821", "    # a comment", "    return a - b"]
