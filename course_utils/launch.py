@@ -239,6 +239,9 @@ class _Group:
     def __init__(self, nproc: int, backend: str, ranks: frozenset[int] | None = None):
         import torch.distributed as dist
 
+        if os.name != "posix":  # process groups, pass_fds and killpg are POSIX
+            raise LaunchError("course_utils.launch needs Linux or macOS; on Windows use WSL2")
+
         self.nproc, self.backend, self.show = nproc, backend, ranks
         self.colour, self.width = _use_colour(), len(str(nproc - 1))
         self.seq = 0
@@ -418,6 +421,7 @@ class _Group:
         Returns {rank: value}. Raises WorkerError once a rank fails (after giving the others a moment to
         report), WorkerTimeout at the deadline. Stopping the workers is the caller's job.
         """
+        __tracebackhide__ = True  # IPython and pytest skip this frame: the remote traceback is the story
         import cloudpickle
 
         waiting = set(range(self.nproc))
@@ -561,6 +565,7 @@ def _deadline(timeout: float | None) -> float | None:
 
 def _one_shot(payload: bytes, nproc: int, backend: str, timeout: float | None,
               ranks: frozenset[int] | None) -> dict[int, Any]:
+    __tracebackhide__ = True
     deadline = _deadline(timeout)
     group = _Group(nproc, backend, ranks)
     try:
@@ -678,6 +683,7 @@ class Pool:
         return self._call(_code_payload(source, filename), timeout, show)
 
     def _call(self, payload: bytes, timeout: float | None, show: frozenset[int] | None) -> dict[int, Any]:
+        __tracebackhide__ = True
         if self._group is None:
             raise LaunchError("this Pool is closed; create a new one with Pool(nproc)")
         group = self._group
