@@ -198,7 +198,7 @@ def count_syncs() -> Iterator[SyncCount]:
 
     PyTorch warns once per operation that makes the host wait for the GPU (a device-to-host copy,
     `.item()`, a data-dependent shape, ...); we collect those warnings instead of printing them.
-    An explicit `torch.cuda.synchronize()` is not reported: it is a sync you asked for.
+    An explicit `torch.cuda.synchronize()` is a sync you asked for; debug mode may not report it.
     """
     if not torch.cuda.is_available():
         raise RuntimeError("count_syncs needs CUDA; on the CPU use count_host_reads()")
@@ -421,8 +421,8 @@ def train_step_costs(step_fn: Callable, device: torch.device | str, width: int, 
 
 
 # Sizes for the GPU: each measurement takes well under a second on one H100.
-GPU_SIZES = {"matmul": 4096, "n": 8, "busy_ms": 20.0, "numel": 64 * 2**20, "width": 2048, "batch": 2048,
-             "steps": 10}
+GPU_SIZES = {"matmul": 4096, "n": 8, "busy_ms": 20.0, "numel": 32 * 2**20, "width": 4096, "batch": 4096,
+             "steps": 8}
 
 
 def record_lesson01() -> dict[str, Any]:
@@ -435,7 +435,7 @@ def record_lesson01() -> dict[str, Any]:
         "timeline": async_launch_timeline(dev, s["matmul"], s["n"]),
         "stalls": sync_stalls(s["busy_ms"]),
         "timing": timing_methods(dev, s["matmul"], s["n"]),
-        "creation": creation_costs(dev, s["numel"]),
+        "creation": creation_costs(dev, s["numel"], repeats=3),
         "train_slow": train_step_costs(slow_train_step, dev, s["width"], s["batch"], s["steps"]),
         "train_bare": train_step_costs(bare_train_step, dev, s["width"], s["batch"], s["steps"]),
     }

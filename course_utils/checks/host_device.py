@@ -16,7 +16,7 @@ ISSUE_SHARE_MAX = 0.5
 
 def _problem_sizes(device: torch.device) -> dict[str, int]:
     # On a GPU the step must be heavy enough (a few ms) for "the host ran ahead" to be measurable.
-    return {"width": 2048, "batch": 2048, "steps": 10} if device.type == "cuda" else \
+    return {"width": 4096, "batch": 4096, "steps": 8} if device.type == "cuda" else \
         {"width": 64, "batch": 32, "steps": 4}
 
 
