@@ -5,7 +5,10 @@ A check cell calls one function from here or from a lesson submodule (checks/str
 - failed: it raises `CheckFailed` with "expected ..., saw ..." in the message;
 - skipped: a check that needs CUDA prints a line starting with SKIP_MARKER and returns, so the notebook
   goes on on a CPU-only machine. Under COURSE_REQUIRE_GPU=1 (`make test-gpu`) a skip is a failure.
-The grader (course_utils.grade) reads these outcomes from the check cell's result.
+- not attempted: the grader's name for an exercise whose solution cell (or the check, calling the student's
+  code) raised NotImplementedError, the stub that student versions carry.
+The grader (course_utils.grade) reads these outcomes from the check cell's result, so a check must not catch
+NotImplementedError (or print SKIP_MARKER) on the student's behalf.
 """
 
 from __future__ import annotations
