@@ -96,8 +96,10 @@ def main() -> None:
         ours, theirs = [], []
         for _ in range(args.repeats):  # alternate, so a busy moment hurts both alike
             ours.append(time_once(lambda: launch.run(trivial_job, nproc=args.cold_nproc, backend=args.backend)))
+            # TMPDIR: torchrun leaves a torchelastic_* log directory behind; keep it inside ours
             theirs.append(time_once(lambda: subprocess.run(torchrun, check=True, stdout=subprocess.DEVNULL,
-                                                           stderr=subprocess.DEVNULL)))
+                                                           stderr=subprocess.DEVNULL,
+                                                           env=dict(os.environ, TMPDIR=tmp))))
     ours_s, theirs_s = statistics.median(ours), statistics.median(theirs)
     print(f"\ncold launch, {args.cold_nproc} ranks, trivial all_reduce job ({args.repeats} each, alternating):")
     print(f"  course_utils.launch.run   median {ours_s:6.2f} s   runs {', '.join(f'{t:.2f}' for t in ours)}")
