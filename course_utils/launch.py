@@ -45,6 +45,16 @@ _HEADER = struct.Struct(">Q")  # same framing as _worker.py
 _PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def _pythonpath() -> str:
+    """PYTHONPATH for children: enough to import course_utils from a checkout, without ever putting
+    site-packages ahead of the standard library (where PYTHONPATH entries go)."""
+    import site
+
+    installed = set(site.getsitepackages()) | {site.getusersitepackages()}
+    parts = [] if _PACKAGE_PARENT in installed else [_PACKAGE_PARENT]
+    return os.pathsep.join(parts + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []))
+
+
 class LaunchError(RuntimeError):
     """A launch went wrong: bad arguments are ValueError/TypeError, this is everything after."""
 
@@ -276,7 +286,7 @@ class _Group:
             "TORCH_NCCL_ASYNC_ERROR_HANDLING": os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
             # ours
             "PYTHONUNBUFFERED": "1",  # live output
-            "PYTHONPATH": os.pathsep.join(p for p in (_PACKAGE_PARENT, os.environ.get("PYTHONPATH")) if p),
+            "PYTHONPATH": _pythonpath(),
             "COURSE_LAUNCH_PARENT": str(os.getpid()),
             # PR_SET_PDEATHSIG follows the launching *thread*; only the main thread lives as long as the process.
             "COURSE_LAUNCH_PDEATHSIG": "1" if threading.current_thread() is threading.main_thread() else "0",
@@ -818,7 +828,7 @@ def run_cli(source: str, nproc: int = 2, backend: str = "auto", timeout: float |
         cmd = cli_command(script, nproc, show, os.path.join(tmp, "logs"))
         print("$ torchrun " + " ".join(cmd[3:]), flush=True)
         env = dict(os.environ, PYTHONUNBUFFERED="1", TMPDIR=tmp)  # anything torchrun writes lands in tmp
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_PARENT, os.environ.get("PYTHONPATH")) if p)
+        env["PYTHONPATH"] = _pythonpath()
         proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, start_new_session=True)
         last = _stream_cli(proc, _deadline(timeout), _use_colour(), len(str(nproc - 1)))
