@@ -326,6 +326,8 @@ def _grade_one(args: tuple) -> Grade | str:
         return grade_notebook(path, master, **options)
     except GradeError as e:
         return str(e)
+    except Exception as e:  # a grader bug must not cost the rest of the class its grades
+        return f"{path}: the grader failed ({type(e).__name__}: {e})"
 
 
 def main(argv: list[str] | None = None) -> int:
