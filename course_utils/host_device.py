@@ -15,6 +15,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -35,16 +36,23 @@ def sync(device: torch.device | str) -> None:
         torch.cuda.synchronize(device)
 
 
-def live_or_recorded(recording: str, key: str, measure: Callable[[], Any], live: bool) -> tuple[Any, str]:
+def live_or_recorded(recording: str, key: str, measure: Callable[[], Any], live: bool,
+                     directory: Path | None = None) -> tuple[Any, str]:
     """Measure now when `live`, else take `key` from reference recording `recording`.
 
     Returns (data, label): the label says where the numbers come from, for a title or a print.
+    Without a GPU and without the recording (not made yet), returns (None, a line saying how to make it),
+    so a lesson can go on and show only what this machine can measure.
     """
     if live:
         return measure(), f"measured live on {torch.cuda.get_device_name()}"
     from . import reference
 
-    rec = reference.load(recording)
+    try:
+        rec = reference.load(recording, directory)
+    except FileNotFoundError:
+        return None, (f"no GPU here and no reference recording {recording!r} yet: this GPU measurement is "
+                      f"not shown (make it on a GPU: python benchmarks/record_references.py {recording})")
     if key not in rec.data:
         raise KeyError(f"recording {recording!r} has no {key!r} (has {sorted(rec.data)}); "
                        "regenerate it with python benchmarks/record_references.py " + recording)
@@ -126,7 +134,7 @@ def async_launch_timeline(device: torch.device | str, size: int, n: int = 5) -> 
         with tl.span(f"matmul {i}", kind="compute", stream=work_row):
             with tl.span(f"launch {i}", kind="host", stream="host"):
                 y = x @ x
-    with tl.span("torch.cuda.synchronize()", kind="wait", stream="host"):
+    with tl.span("torch.cuda.synchronize()", kind="host", stream="host"):
         sync(dev)
     del y
     return [s.to_dict() for s in tl.spans()]

@@ -171,7 +171,8 @@ def test_cpu_measurements_have_the_documented_shape():
     assert timing["cuda_events_ms"] is None and timing["perf_counter_synced_ms"] > 0
     spans = hd.async_launch_timeline("cpu", 64, n=3)
     kinds = {(s["kind"], s["stream"]) for s in spans}
-    assert kinds == {("compute", "cpu work"), ("host", "host"), ("wait", "host")}
+    assert kinds == {("compute", "cpu work"), ("host", "host")}
+    assert [s["name"] for s in spans][-1] == "torch.cuda.synchronize()"
     assert len(spans) == 7
     costs = hd.creation_costs("cpu", 1024, repeats=1)
     assert costs["randn_on_device_ms"] > 0 and costs["randn_then_to_ms"] > 0
@@ -211,6 +212,9 @@ def test_gpu_launch_returns_before_the_work():
 
 
 def test_reference_recording_is_complete_and_plots():
+    if "01_host_device" not in reference.available():
+        pytest.skip("no reference recording 01_host_device yet: make it on a GPU with "
+                    "python benchmarks/record_references.py 01_host_device")
     rec = reference.load("01_host_device")
     assert rec.provenance.get("gpu") and rec.provenance.get("torch") and rec.provenance.get("date")
     assert "recorded on" in rec.label()
@@ -294,3 +298,34 @@ def test_notebook_exercise_with_wrong_answer(notebook):
     text, error = _run(_exercise_cells(notebook, EX, wrong))
     assert error == "CheckFailed", text
     assert EX in text
+
+
+# ------------------------------------------------------------------------------ live, recorded, or neither
+
+
+def test_live_or_recorded_reads_a_recording_and_says_where_from(tmp_path):
+    reference.save("01_demo", {"launch": {"calls_return_ms": 1.0}}, directory=tmp_path)
+    data, label = hd.live_or_recorded("01_demo", "launch", lambda: pytest.fail("measured"), live=False,
+                                      directory=tmp_path)
+    assert data == {"calls_return_ms": 1.0} and label.startswith("recorded on")
+    with pytest.raises(KeyError, match="has no 'stalls'"):
+        hd.live_or_recorded("01_demo", "stalls", lambda: None, live=False, directory=tmp_path)
+
+
+def test_live_or_recorded_without_a_recording_goes_on_and_says_how_to_make_it(tmp_path):
+    data, label = hd.live_or_recorded("01_nothing", "launch", lambda: pytest.fail("measured"), live=False,
+                                      directory=tmp_path)
+    assert data is None
+    assert "no reference recording '01_nothing'" in label and "record_references.py 01_nothing" in label
+
+
+def test_plots_draw_cpu_measurements():
+    import matplotlib.pyplot as plt
+
+    costs = {"slow": hd.train_step_costs(hd.slow_train_step, "cpu", 16, 8, 2),
+             "bare": hd.train_step_costs(hd.bare_train_step, "cpu", 16, 8, 2)}
+    stalls = {"busy_ms": 1.0, "rows": [{"call": c, "host_ms": 0.5, "syncs": 0} for c in hd.SYNC_POINTS]}
+    for fig in (Timeline.from_spans(hd.async_launch_timeline("cpu", 32, 2)).plot(title="t"),
+                hd.plot_train_costs(costs), hd.plot_sync_stalls(stalls)):
+        assert fig.axes
+        plt.close(fig)

@@ -108,8 +108,10 @@ def test_sleep_kernels_overlap_on_side_streams():
 
 @pytest.mark.gpu
 def test_streams_do_not_help_full_or_launch_bound_work():
-    mm1, mm2 = st.matmul_on_streams(4096, 4, 1), st.matmul_on_streams(4096, 4, 2)
-    assert mm1["makespan_ms"] / mm2["makespan_ms"] < 1.3
+    # 8192: each matmul fills the GPU for ~1.5 ms on an H100. (At 4096 a partly empty last wave of thread
+    # blocks left room, and 2 streams measured 1.3x faster on an H100: not a "fills the GPU" case.)
+    mm1, mm2 = st.matmul_on_streams(8192, 4, 1), st.matmul_on_streams(8192, 4, 2)
+    assert mm1["makespan_ms"] / mm2["makespan_ms"] < 1.2
     t1, t2 = st.tiny_ops_on_streams(2, 200, 1), st.tiny_ops_on_streams(2, 200, 2)
     assert t1["makespan_ms"] / t2["makespan_ms"] < 1.3
 
@@ -134,6 +136,9 @@ def test_handoff_orders_the_consumer_after_the_producer():
 
 
 def test_reference_recording_is_complete_and_plots():
+    if "02_streams" not in reference.available():
+        pytest.skip("no reference recording 02_streams yet: make it on a GPU with "
+                    "python benchmarks/record_references.py 02_streams")
     rec = reference.load("02_streams")
     assert rec.provenance.get("gpu") and rec.provenance.get("torch") and rec.provenance.get("date")
     for key in ("cycles_per_ms", "sleep", "default_stream", "handoff", "matmul", "tiny", "host_us_per_op", "exercise"):
@@ -220,3 +225,12 @@ def test_notebook_exercise_with_wrong_answer(notebook, monkeypatch):
         assert "speed-up" in text
     else:
         assert error is None and checks.SKIP_MARKER in text, text
+
+
+def test_makespan_plot_draws_bars():
+    import matplotlib.pyplot as plt
+
+    fig = st.plot_makespans({"one": {"makespan_ms": 4.0}, "two": {"makespan_ms": 2.0}})
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    assert any("x2.00" in t for t in texts)
+    plt.close(fig)
