@@ -15,6 +15,7 @@ TOPO = Path(__file__).parent / "data" / "topo"
 @pytest.mark.parametrize(
     "name, n, pair, nvlinks, code",
     [
+        ("captured_2gpu_h200_nvlink.txt", 2, (0, 1), 18, "NV18"),
         ("2gpu_nvlink.txt", 2, (0, 1), 18, "NV18"),
         ("2gpu_pcie.txt", 2, (0, 1), 0, "SYS"),
         ("4gpu_nvlink.txt", 4, (1, 3), 4, "NV4"),

@@ -1,0 +1,56 @@
+"""Reference recordings: saved with provenance, loaded back, and every committed one made on a real GPU."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from course_utils import reference
+
+
+def test_save_and_load_round_trip(tmp_path):
+    path = reference.save("99_demo", {"sizes": [1, 2], "gbps": [0.5, 1.5]}, directory=tmp_path, note="test")
+    rec = reference.load("99_demo", directory=tmp_path)
+    assert path.name == "99_demo.json"
+    assert rec.data == {"sizes": [1, 2], "gbps": [0.5, 1.5]}
+    assert rec.provenance["note"] == "test" and "torch" in rec.provenance and "date" in rec.provenance
+    assert rec.label().startswith("recorded on ")
+
+
+def test_missing_recording_says_how_to_make_it(tmp_path):
+    with pytest.raises(FileNotFoundError, match="record_references.py"):
+        reference.load("nope", directory=tmp_path)
+
+
+def real_gpu_problems(provenance: dict) -> list[str]:
+    """Why a recording's provenance does not show a real GPU measurement (empty when it does)."""
+    problems = []
+    if not provenance.get("gpu_count"):
+        problems.append("gpu_count is 0")
+    if not provenance.get("cuda"):
+        problems.append("no CUDA version")
+    gpu = str(provenance.get("gpu", ""))
+    if not gpu or "FAKE" in gpu.upper() or "CPU" in gpu.upper():
+        problems.append(f"gpu is {gpu!r}")
+    for key in ("driver", "torch", "date"):
+        if not provenance.get(key) or provenance.get(key) == "unknown":
+            problems.append(f"{key} missing")
+    return problems
+
+
+@pytest.mark.parametrize("name", reference.available() or ["<none>"])
+def test_committed_recordings_come_from_a_gpu(name):
+    if name == "<none>":
+        pytest.skip("no reference recordings yet")
+    record = json.loads((reference.DATA_DIR / f"{name}.json").read_text())
+    assert record["name"] == name
+    assert real_gpu_problems(record["provenance"]) == [], f"{name} was not recorded on a GPU"
+
+
+def test_provenance_check_rejects_a_cpu_made_file():
+    cpu = reference.provenance()
+    if cpu["gpu_count"] == 0:
+        assert real_gpu_problems(cpu)
+    fake = {"gpu": "FAKE (local dev only)", "gpu_count": 1, "cuda": "13.0", "driver": "1", "torch": "2", "date": "d"}
+    assert any("FAKE" in p for p in real_gpu_problems(fake))
