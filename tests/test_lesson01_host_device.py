@@ -15,6 +15,7 @@ from course_utils import checks, reference
 from course_utils import host_device as hd
 from course_utils.checks.host_device import check_hidden_syncs
 from course_utils.timeline import Timeline
+from tests.exercise_cells import exercise_cells, run_cells
 
 matplotlib.use("Agg")
 
@@ -236,43 +237,6 @@ def test_recording_is_registered():
 # ------------------------------------------------------------------------------ the notebook's exercise
 
 
-def _exercise_cells(nb: dict, ex: str, replacement: str | None) -> list[str]:
-    """The setup cells, then the exercise's solution cell(s) (optionally with a wrong answer) and check cell."""
-    cells = [c for c in nb["cells"] if c["cell_type"] == "code"]
-    src = ["".join(c["source"]) for c in cells]
-    setup = [s for c, s in zip(cells, src, strict=True) if "setup" in c["metadata"].get("tags", [])]
-    grade = [c["metadata"].get("nbgrader", {}).get("grade_id") for c in cells]
-    check = grade.index(ex)
-    sol = [i for i, g in enumerate(grade) if g == f"{ex}_solution"]
-    assert sol and all(i < check for i in sol), "solution cell(s) must come before the check cell"
-    body = []
-    for i in sol:
-        s = src[i]
-        if replacement is not None:
-            a, b = s.index("### BEGIN SOLUTION"), s.index("### END SOLUTION") + len("### END SOLUTION")
-            s = s[:a].rstrip(" ") + replacement.rstrip("\n") + s[b:]
-        body.append(s)
-    return setup + body + [src[check]]
-
-
-def _run(sources: list[str]) -> tuple[str, str | None]:
-    """Execute cells in a fresh kernel; return the text output of the last cell and its error name (or None)."""
-    import nbformat
-    from nbclient import NotebookClient
-    from nbclient.exceptions import CellExecutionError
-
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(s) for s in sources])
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    error = None
-    try:
-        NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(ROOT)}}).execute()
-    except CellExecutionError as exc:
-        error = exc.ename
-    outs = nb.cells[-1].get("outputs", [])
-    text = "".join(o.get("text", "") for o in outs) + "".join(o.get("evalue", "") for o in outs)
-    return text, error
-
-
 @pytest.fixture(scope="module")
 def notebook() -> dict:
     return json.loads(NOTEBOOK.read_text())
@@ -288,14 +252,14 @@ def test_notebook_exercise_metadata(notebook):
 
 
 def test_notebook_exercise_with_solution(notebook):
-    text, error = _run(_exercise_cells(notebook, EX, None))
+    text, error = run_cells(exercise_cells(notebook, EX, None))
     assert error is None, text
     assert (checks.PASS_MARKER if HAS_CUDA else checks.SKIP_MARKER) in text
 
 
 def test_notebook_exercise_with_wrong_answer(notebook):
     wrong = (ROOT / "tests" / "wrong_answers" / NOTEBOOK.stem / f"{EX}.py").read_text()
-    text, error = _run(_exercise_cells(notebook, EX, wrong))
+    text, error = run_cells(exercise_cells(notebook, EX, wrong))
     assert error == "CheckFailed", text
     assert EX in text
 

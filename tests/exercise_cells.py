@@ -1,0 +1,45 @@
+"""Run one exercise of a lesson notebook in a fresh kernel: its setup cells, its solution (or a wrong
+answer in place of the solution block) and its check cell. Shared by the lesson tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def exercise_cells(nb: dict, ex: str, replacement: str | None) -> list[str]:
+    """The setup cells, then the exercise's solution cell(s) (optionally with a wrong answer) and check cell."""
+    cells = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    src = ["".join(c["source"]) for c in cells]
+    setup = [s for c, s in zip(cells, src, strict=True) if "setup" in c["metadata"].get("tags", [])]
+    grade = [c["metadata"].get("nbgrader", {}).get("grade_id") for c in cells]
+    check = grade.index(ex)
+    sol = [i for i, g in enumerate(grade) if g == f"{ex}_solution"]
+    assert sol and all(i < check for i in sol), "solution cell(s) must come before the check cell"
+    body = []
+    for i in sol:
+        s = src[i]
+        if replacement is not None:
+            a, b = s.index("### BEGIN SOLUTION"), s.index("### END SOLUTION") + len("### END SOLUTION")
+            s = s[:a].rstrip(" ") + replacement.rstrip("\n") + s[b:]
+        body.append(s)
+    return setup + body + [src[check]]
+
+
+def run_cells(sources: list[str]) -> tuple[str, str | None]:
+    """Execute cells in a fresh kernel; return the text output of the last cell and its error name (or None)."""
+    import nbformat
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
+
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(s) for s in sources])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    error = None
+    try:
+        NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(ROOT)}}).execute()
+    except CellExecutionError as exc:
+        error = exc.ename
+    outs = nb.cells[-1].get("outputs", [])
+    text = "".join(o.get("text", "") for o in outs) + "".join(o.get("evalue", "") for o in outs)
+    return text, error
