@@ -31,8 +31,9 @@ from __future__ import annotations
 
 import socket
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
-from typing import Any, Iterable
+from typing import Any
 
 import torch
 
@@ -349,12 +350,12 @@ class Timeline:
             if any(not r.get("barrier_ms") for r in recs):
                 raise ValueError("clock='barrier' needs every rank to have called tl.align() (gather() does)")
             shifts = [recs[0]["barrier_ms"][0] - r["barrier_ms"][0] for r in recs]
-            second = [r["barrier_ms"][1] + s for r, s in zip(recs, shifts)]
+            second = [r["barrier_ms"][1] + s for r, s in zip(recs, shifts, strict=True)]
             skew = (max(second) - min(second)) + max(r.get("anchor_uncertainty_ms", 0.0) for r in recs)
         else:
             raise ValueError(f"clock must be 'auto', 'shared' or 'barrier', not {clock!r}")
         spans = []
-        for r, shift in zip(recs, shifts):
+        for r, shift in zip(recs, shifts, strict=True):
             for d in r["spans"]:
                 s = Span.from_dict(d)
                 s.rank = r["rank"]

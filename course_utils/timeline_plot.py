@@ -88,7 +88,7 @@ def plot(spans: list[Span], title: str | None = None, min_width_frac: float = 0.
     y0, yticks, narrow = 0.0, [], 0
     for r in rows:
         lane_h = 1.0 / n_lanes[r]
-        for s, lane in zip(row_spans[r], row_lanes[r]):
+        for s, lane in zip(row_spans[r], row_lanes[r], strict=True):
             x, w = s.start_ms - zero, s.duration_ms
             if w < min_w:
                 w, narrow = min_w, narrow + 1
@@ -124,7 +124,8 @@ def plot(spans: list[Span], title: str | None = None, min_width_frac: float = 0.
         text = stats.summary()
         if skew_ms is not None:
             text += f"\n  ranks aligned to within about {skew_ms * 1000:.0f} µs"
-        ax.text(0.0, -0.12 - 0.35 / max(height, 1), text, transform=ax.transAxes, va="top", ha="left",
-                family="monospace", fontsize=8)
+        # offset in points below the axis label, so the gap does not depend on the number of rows
+        ax.annotate(text, xy=(0.0, 0.0), xycoords="axes fraction", xytext=(0, -42), textcoords="offset points",
+                    va="top", ha="left", family="monospace", fontsize=8)
     fig.tight_layout()
     return fig

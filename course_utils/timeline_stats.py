@@ -8,8 +8,8 @@ overlapping spans of one kind count once. Marks and `wait` spans are not work: a
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 from .timeline import MARK, Span
 

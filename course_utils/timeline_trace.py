@@ -41,7 +41,7 @@ def to_chrome_trace(spans: list[Span], path: str | os.PathLike | None = None) ->
                 events.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": tid, "args": {"name": name}})
                 events.append({"ph": "M", "name": "thread_sort_index", "pid": rank, "tid": tid,
                                "args": {"sort_index": tid}})
-            for s, lane in zip(work, lane_of):
+            for s, lane in zip(work, lane_of, strict=True):
                 events.append({"ph": "X", "name": s.name, "cat": s.kind, "pid": rank, "tid": tids[(rank, stream, lane)],
                                "ts": (s.start_ms - zero) * 1000.0, "dur": s.duration_ms * 1000.0})
             for m in (s for s in mine if s.stream == stream and s.kind == MARK):
