@@ -84,7 +84,11 @@ def _load_trace(trace: Any) -> dict[str, Any]:
     if hasattr(trace, "export_chrome_trace"):  # a torch.profiler.profile that has finished
         with tempfile.TemporaryDirectory() as d:
             path = os.path.join(d, "trace.json")
-            trace.export_chrome_trace(path)
+            try:
+                trace.export_chrome_trace(path)
+            except RuntimeError as err:  # kineto saves a trace only once
+                raise RuntimeError("this profile was already exported; pass the JSON path it was exported to "
+                                   "instead of the profile object") from err
             return json.loads(Path(path).read_text())
     raise TypeError(f"from_profiler takes a trace path, a trace dict or a torch.profiler.profile, not {type(trace)}")
 
