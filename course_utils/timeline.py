@@ -126,7 +126,13 @@ class Timeline:
         self.host = socket.gethostname()
         self.anchor_uncertainty_ms = 0.0
         self.skew_ms: float | None = None  # set by merge/gather: remaining clock skew between ranks
-        self._pending: list[list[Any]] = []  # [name, kind, stream label, start, end]: floats or CUDA events
+        # Pending records in parallel lists of objects the garbage collector does not track (str, float):
+        # a tuple or list per record would be, and after `import torch` its passes cost more than the span.
+        self._names: list[str] = []
+        self._kinds: list[str] = []
+        self._labels: list[str] = []
+        self._t0: list[Any] = []  # host ms (float) or a CUDA event
+        self._t1: list[Any] = []
         self._resolved: list[Span] = []
         self._open: dict[int, str] = {}  # pending index -> name, for spans not yet closed
         self._pool: list[torch.cuda.Event] = []
@@ -148,6 +154,14 @@ class Timeline:
         if self._device_index is None:
             self._device_index = torch.cuda.current_device()
         return self._device_index
+
+    def _add(self, name: str, kind: str, label: str, start: Any, end: Any) -> int:
+        self._names.append(name)
+        self._kinds.append(kind)
+        self._labels.append(label)
+        self._t0.append(start)
+        self._t1.append(end)
+        return len(self._names) - 1
 
     def _event(self) -> torch.cuda.Event:
         return self._pool.pop() if self._pool else torch.cuda.Event(enable_timing=True)
@@ -180,8 +194,7 @@ class Timeline:
                     raise TypeError(f"a host span's stream is a row label (str), not {type(stream).__name__}")
                 raise TypeError(f"no CUDA here: stream must be None or a row label (str), got {type(stream).__name__}")
             label = stream or "host"
-            index = len(self._pending)
-            self._pending.append([name, kind, label, _host_ms(self.origin_ns), None])
+            index = self._add(name, kind, label, _host_ms(self.origin_ns), None)
             self._open[index] = name
             return _Open(self, index, name, None, None)
         if isinstance(stream, str):
@@ -201,8 +214,7 @@ class Timeline:
                 ctx.__enter__()
         start = self._event()
         start.record(stream)
-        index = len(self._pending)
-        self._pending.append([name, kind, self._label(stream), start, None])
+        index = self._add(name, kind, self._label(stream), start, None)
         self._open[index] = name
         return _Open(self, index, name, ctx, stream)
 
@@ -212,13 +224,12 @@ class Timeline:
             raise ValueError(f"span {handle.name!r} belongs to another Timeline")
         if handle.closed:
             raise RuntimeError(f"span {handle.name!r} was already closed")
-        rec = self._pending[handle.index]
         if handle.cuda_stream is None:
-            rec[4] = _host_ms(self.origin_ns)
+            self._t1[handle.index] = _host_ms(self.origin_ns)
         else:
             ev = self._event()
             ev.record(handle.cuda_stream)
-            rec[4] = ev
+            self._t1[handle.index] = ev
             if handle.stream_ctx is not None:
                 handle.stream_ctx.__exit__(None, None, None)
         handle.closed = True
@@ -239,12 +250,12 @@ class Timeline:
             raise RuntimeError("this Timeline was rebuilt from stored spans; record into a new Timeline()")
         if not self._cuda or isinstance(stream, str):
             t = _host_ms(self.origin_ns)
-            self._pending.append([name, MARK, stream or "host", t, t])
+            self._add(name, MARK, stream or "host", t, t)
             return
         stream = stream if stream is not None else torch.cuda.current_stream(self._device())
         ev = self._event()
         ev.record(stream)
-        self._pending.append([name, MARK, self._label(stream), ev, ev])
+        self._add(name, MARK, self._label(stream), ev, ev)
 
     # ---------------------------------------------------------------- resolving
     def spans(self) -> list[Span]:
@@ -256,12 +267,12 @@ class Timeline:
             names = ", ".join(repr(n) for n in self._open.values())
             raise RuntimeError(f"span(s) {names} opened and never closed: close them (leave the `with` block "
                                "or call tl.end(handle)) before tl.spans()")
-        if self._pending:
+        if self._names:
             self._resolve()
         return list(self._resolved)
 
     def _resolve(self) -> None:
-        cuda_events = any(isinstance(r[3], torch.cuda.Event) for r in self._pending)
+        cuda_events = any(isinstance(t, torch.cuda.Event) for t in self._t0)
         if cuda_events:
             dev = self._device()
             torch.cuda.synchronize(dev)  # the one wait: everything recorded so far has run
@@ -273,7 +284,8 @@ class Timeline:
             after = _host_ms(self.origin_ns)
             anchor_ms = (before + after) / 2
             self.anchor_uncertainty_ms = max(self.anchor_uncertainty_ms, (after - before) / 2)
-        for name, kind, label, start, end in self._pending:
+        for name, kind, label, start, end in zip(self._names, self._kinds, self._labels, self._t0, self._t1,
+                                                 strict=True):
             if isinstance(start, torch.cuda.Event):
                 t0 = anchor_ms - start.elapsed_time(anchor)
                 t1 = t0 if end is start else anchor_ms - end.elapsed_time(anchor)
@@ -285,7 +297,10 @@ class Timeline:
             self._resolved.append(Span(name, kind, self.rank, label, t0, t1))
         if cuda_events:
             self._pool.append(anchor)
-        self._pending.clear()
+        for pending in (self._names, self._kinds, self._labels):
+            pending.clear()
+        self._t0.clear()
+        self._t1.clear()
 
     # ---------------------------------------------------------------- several ranks
     def export(self) -> dict[str, Any]:
@@ -397,7 +412,7 @@ class Timeline:
 
     def __repr__(self) -> str:
         clock = f"CUDA events on cuda:{self._device_index}" if self._cuda else "host clock"
-        n = len(self._resolved) + len(self._pending)
+        n = len(self._resolved) + len(self._names)
         return f"Timeline(rank={self.rank}, {clock}, {n} spans/marks)"
 
 
