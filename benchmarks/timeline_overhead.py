@@ -123,6 +123,7 @@ def demo_png(path: str) -> None:
     with tl.span("synchronize", kind="host"):
         torch.cuda.synchronize()
     del y
+    print(tl.stats().summary())
     fig = tl.plot(title=f"Timeline demo on {torch.cuda.get_device_name()}")
     fig.savefig(path, dpi=110, bbox_inches="tight")
     print(f"  saved {path}")

@@ -396,7 +396,7 @@ def _worker():
 
     from course_utils.timeline import Timeline
 
-    tl = Timeline()
+    tl = Timeline(device="cpu")  # gloo ranks on the host clock, also on a GPU machine
     rank = dist.get_rank()
     dist.barrier()  # ranks start at different times; line them up, then
     _t.sleep(0.05 * rank)  # rank 1 starts its work 50 ms later

@@ -72,6 +72,7 @@ def test_sleeps_on_two_side_streams_overlap_and_on_one_stream_follow(cycles_per_
     assert _overlap(a, b) > 0.8 * a.duration_ms  # two streams: drawn overlapping
     assert _overlap(c, d) == 0 and d.start_ms >= c.end_ms  # one stream: one after the other
     durations = [s.duration_ms for s in (a, b, c, d)]
+    print(f"\n[streams] A B C D ms: {[round(x, 3) for x in durations]}, A/B overlap {_overlap(a, b):.3f} ms")
     assert max(durations) / min(durations) < 1.05, durations  # same kernel, same length within 5%
     assert c.start_ms >= max(a.end_ms, b.end_ms) - 0.05
     _save(tl.plot(title="two side streams, then one"), "timeline_streams.png")
@@ -94,6 +95,8 @@ def test_pinned_h2d_copy_on_a_side_stream_overlaps_a_matmul():
         dev.copy_(host, non_blocking=True)
     mm, h2d = tl.spans()
     assert mm.stream == "compute" and h2d.stream == "copy"
+    print(f"\n[copy] matmul {mm.duration_ms:.3f} ms, h2d {h2d.duration_ms:.3f} ms, "
+          f"copy/compute overlap {tl.stats().copy_compute_overlap:.3f}")
     assert h2d.duration_ms < mm.duration_ms  # the setting this test is built for
     assert _overlap(mm, h2d) > 0.9 * h2d.duration_ms
     assert tl.stats().copy_compute_overlap > 0.9
@@ -120,9 +123,11 @@ def test_recording_never_synchronises_and_the_host_runs_ahead(cycles_per_ms):
         still_busy = not s.query()
     finally:
         torch.cuda.set_sync_debug_mode(0)
+    print(f"\n[no sync] host {host_ms:.3f} ms while recording; GPU still busy after: {still_busy}")
     assert still_busy  # the host got here while the GPU had most of the 100 ms still to run
     spans = [sp for sp in tl.spans() if sp.kind == "compute"]
     gpu_ms = spans[-1].end_ms - spans[0].start_ms
+    print(f"[no sync] GPU work {gpu_ms:.3f} ms")
     assert gpu_ms > 90
     assert host_ms < 0.1 * gpu_ms, (host_ms, gpu_ms)
 
@@ -162,6 +167,8 @@ def test_host_spans_share_the_time_axis_with_cuda_spans(cycles_per_ms):
         s.synchronize()
     sp = {x.name: x for x in tl.spans()}
     kernel, launch, wait = sp["kernel 30 ms"], sp["launch"], sp["s.synchronize()"]
+    print(f"\n[anchor] kernel {kernel.start_ms:.3f}-{kernel.end_ms:.3f}, launch {launch.start_ms:.3f}-"
+          f"{launch.end_ms:.3f}, wait ends {wait.end_ms:.3f} ms; anchor ± {tl.anchor_uncertainty_ms * 1e3:.1f} µs")
     slack = 0.5 + tl.anchor_uncertainty_ms  # launch latency plus the anchor's uncertainty
     assert kernel.start_ms == pytest.approx(launch.start_ms, abs=slack)  # idle GPU starts at once
     assert kernel.end_ms == pytest.approx(wait.end_ms, abs=slack)  # the host wakes when the kernel ends
@@ -190,6 +197,8 @@ def test_event_timings_agree_with_the_profilers(cycles_per_ms):
     copies = [x for x in theirs if x.kind == "h2d"]
     assert len(kernels) == 1 and len(copies) == 1, [(x.name, x.kind) for x in theirs]
     assert kernels[0].stream.startswith("stream ") and kernels[0].stream == copies[0].stream
+    print(f"\n[profiler] sleep: events {ours['sleep 10 ms'].duration_ms:.4f} ms, CUPTI {kernels[0].duration_ms:.4f}; "
+          f"h2d: events {ours['h2d'].duration_ms:.4f}, CUPTI {copies[0].duration_ms:.4f}")
     assert ours["sleep 10 ms"].duration_ms == pytest.approx(kernels[0].duration_ms, rel=0.05)
     assert ours["h2d"].duration_ms == pytest.approx(copies[0].duration_ms, rel=0.25, abs=0.05)
 
