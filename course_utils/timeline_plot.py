@@ -5,6 +5,7 @@ Only drawing here; the numbers printed under the plot come from `timeline_stats`
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from .timeline import KINDS, MARK, Span
@@ -100,9 +101,12 @@ def plot(spans: list[Span], title: str | None = None, min_width_frac: float = 0.
             if w > 0.06 * span_ms:  # name the bar when it is wide enough to hold a label
                 ax.text(x + w / 2, y0 + (lane + 0.5) * lane_h, s.name, ha="center", va="center", fontsize=7,
                         color="black" if s.kind in ("wait", "host") else "white", clip_on=True)
-        for m in (s for s in spans if s.kind == MARK and row_label(s, multi) == r):
+        last_label = -math.inf
+        for m in sorted((s for s in spans if s.kind == MARK and row_label(s, multi) == r), key=lambda s: s.start_ms):
             ax.plot([m.start_ms - zero] * 2, [y0, y0 + 1], linestyle="--", color="black", linewidth=0.8)
-            ax.text(m.start_ms - zero, y0 + 1.0, f" {m.name}", fontsize=7, va="bottom", rotation=0)
+            if m.start_ms - last_label > 0.05 * span_ms:  # name marks that are not crowded by the previous one
+                ax.text(m.start_ms - zero, y0 + 1.0, f" {m.name}", fontsize=7, va="bottom", rotation=0)
+                last_label = m.start_ms
         yticks.append(y0 + 0.5)
         y0 += 1.0
     ax.set_yticks(yticks)
