@@ -34,6 +34,7 @@ def _status(url: str) -> int:
 
 @pytest.mark.timeout(120)
 def test_make_lab_requires_token():
+    pytest.importorskip("jupyterlab", reason="JupyterLab is not installed in this interpreter")
     port = _free_port()
     proc = subprocess.Popen(
         ["make", "-s", "lab", f"LAB_PORT={port}", f"PY={sys.executable}"],
