@@ -293,3 +293,21 @@ def test_plots_draw_cpu_measurements():
                 hd.plot_train_costs(costs), hd.plot_sync_stalls(stalls)):
         assert fig.axes
         plt.close(fig)
+
+
+@pytest.mark.gpu
+def test_count_syncs_ignores_the_prototype_notice_in_a_fresh_process():
+    """The first set_sync_debug_mode() of a process warns that the mode is a prototype: not a sync."""
+    import subprocess
+    import sys
+
+    code = (
+        "import torch; from course_utils.host_device import count_syncs\n"
+        "t = torch.ones(4, device='cuda'); torch.cuda.synchronize()\n"
+        "with count_syncs() as a: t.shape\n"
+        "with count_syncs() as b: t.sum().item()\n"
+        "print(a.count, b.count)\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["0", "1"]
