@@ -1,10 +1,11 @@
-"""Real lessons, graded as students hand them in: the released student version with every second exercise
-solved (the 2nd, 4th, ...). Solved exercises must pass (or skip for want of a GPU, never under
-COURSE_REQUIRE_GPU=1) and score exactly their points; unsolved ones must be "not attempted", and leaving them
-unsolved must not break the exercises after them (on CPU, a CUDA-only check may skip before it reaches the
-unsolved code: "skipped", 0 points). One execution per notebook; masters' full marks are also
-proven by `pytest --nbmake notebooks` (a check that fails makes its notebook fail).
-Exercises are discovered in notebooks/*.ipynb when the tests run.
+"""Real lessons, graded as students hand them in.
+
+A fresh student version scores zero; the student version with every other exercise solved (the 1st, 3rd, ...)
+scores exactly those. Solved exercises must pass (or skip for want of a GPU, never under COURSE_REQUIRE_GPU=1);
+unsolved ones must be "not attempted", and leaving them unsolved must not break the exercises after them (on
+CPU, a CUDA-only check may skip before it reaches the unsolved code: "skipped", 0 points). Masters' full marks
+are also proven by `pytest --nbmake notebooks` (a check that fails makes its notebook fail). Exercises are
+discovered in notebooks/*.ipynb when the tests run.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def right_outcomes() -> set[str]:
 def test_student_version_scores_exactly_its_solved_exercises(master, tmp_path):
     nb = nbformat.read(master, as_version=4)
     exercises = release.exercises(nb, str(master))
-    solved = {ex.grade_id for ex in exercises[1::2]}
+    solved = {ex.grade_id for ex in exercises[0::2]}
     submission = tmp_path / master.name
     submission.write_text(release.dumps(release.student_version(nb, str(master), completed=solved)))
     g = grade.grade_notebook(submission, master)
@@ -54,3 +55,20 @@ def test_student_version_scores_exactly_its_solved_exercises(master, tmp_path):
     assert g.total == sum(ex.points for ex in exercises if ex.grade_id in solved and got[ex.grade_id].status
                           == "passed")
     assert not g.stopped, report
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("master", PARAMS, ids=lambda p: p.stem if p else "none")
+def test_fresh_student_version_scores_zero(master, tmp_path):
+    nb = nbformat.read(master, as_version=4)
+    exercises = release.exercises(nb, str(master))
+    submission = tmp_path / master.name
+    submission.write_text(release.dumps(release.student_version(nb, str(master))))
+    g = grade.grade_notebook(submission, master)
+    report = grade.format_table(g)
+    assert g.total == 0, report
+    assert [r.grade_id for r in g.exercises] == [ex.grade_id for ex in exercises]
+    # On CPU a CUDA-only check may skip before it reaches the unsolved code; otherwise: not attempted.
+    assert all(r.status in {"not attempted", "skipped"} for r in g.exercises), report
+    if checks.require_gpu_mode():
+        assert all(r.status == "not attempted" for r in g.exercises), report
