@@ -285,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     for master, student, found in written:
         points = sum(ex.points for ex in found)
-        print(f"{master} -> {student}: {len(found)} exercises, {points:g} points")
+        print(f"{master} -> {student}: {len(found)} exercise{'' if len(found) == 1 else 's'}, {points:g} points")
     return 0
 
 
