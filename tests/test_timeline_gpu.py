@@ -223,3 +223,48 @@ def test_a_stream_on_another_device_is_refused():
     with pytest.raises(ValueError, match="cuda:1.*cuda:0"):
         tl.span("x", stream=other)
     Timeline(device=1).span("ok", stream=other).__exit__(None, None, None)
+
+
+def _nccl_gather_worker():
+    """Rank 1 computes for a while before the all_reduce; rank 0 goes straight in and must wait for it."""
+    import torch.distributed as dist
+
+    from course_utils.timeline import Timeline
+
+    x = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    grad = torch.ones(1 << 20, device="cuda")
+    x @ x  # warm-up: cuBLAS handle, NCCL communicator
+    dist.all_reduce(grad)
+    torch.cuda.synchronize()
+    dist.barrier()
+    tl = Timeline()
+    if dist.get_rank() == 1:
+        with tl.span("matmuls", kind="compute"):
+            for _ in range(100):
+                x @ x
+    with tl.span("all_reduce", kind="comm"):
+        dist.all_reduce(grad)
+    merged = tl.gather()
+    return [s.to_dict() for s in merged.spans()], merged.skew_ms
+
+
+@pytest.mark.multigpu
+@pytest.mark.timeout(180)
+def test_gather_through_launch_on_nccl_puts_two_gpus_on_one_axis():
+    from course_utils import launch
+    from course_utils.timeline import Span
+
+    out = launch.run(_nccl_gather_worker, nproc=2, backend="nccl", timeout=150)
+    (spans0, skew), (spans1, _) = out[0], out[1]
+    assert spans0 == spans1  # every rank gets the same merged timeline
+    spans = [Span.from_dict(d) for d in spans0]
+    assert {s.rank for s in spans} == {0, 1}
+    mm = next(s for s in spans if s.name == "matmuls")
+    ar = {s.rank: s for s in spans if s.name == "all_reduce"}
+    assert mm.rank == 1 and mm.duration_ms > 1.0
+    # Rank 0's all_reduce starts before rank 1's matmuls end and cannot end before rank 1 joins: its bar
+    # covers rank 1's compute on the common axis, within the clocks' stated skew (plus a small margin).
+    margin = (skew or 0.0) + 0.5
+    assert ar[0].start_ms < mm.end_ms
+    assert ar[0].end_ms >= mm.end_ms - margin
+    assert abs(ar[0].end_ms - ar[1].end_ms) < 0.5 * mm.duration_ms
