@@ -146,6 +146,15 @@ def tiny_ops_on_streams(n_chains: int, ops_per_chain: int, n_streams: int) -> di
     return out
 
 
+def launch_bound(result: dict[str, Any], slack: float = 1.15) -> bool:
+    """True when the GPU finished within `slack` times the host's launch time: Python was the bottleneck.
+
+    Which case a machine is in depends on its CPU: a host that launches faster than the GPU runs these
+    tiny kernels makes the same loop GPU-bound, and then a second stream can help.
+    """
+    return result["makespan_ms"] <= slack * result["host_launch_ms"]
+
+
 def host_cost_per_op_us(device: torch.device | str, n: int = 2000, numel: int = 1024) -> float:
     """Host time per tiny in-place add issued from Python (µs): on any device, the floor of a launch."""
     t = torch.zeros(numel, device=device)

@@ -136,3 +136,34 @@ def test_pinned_beats_pageable_and_nonblocking_pageable_holds_the_host():
     assert rs["h2d pinned"].algbw_gbps > rs["h2d pageable"].algbw_gbps
     nb = copies.nonblocking_host_time(64 << 20)
     assert nb["pinned"]["returned_ms"] < 0.5 * nb["pageable"]["returned_ms"]
+
+
+def test_late_copy_detector_recognises_host_to_gpu_copies_only():
+    from course_utils.checks.copies import _copies_to_cuda
+
+    T, x = torch.Tensor, torch.ones(3)
+    assert _copies_to_cuda(T.to, (x, "cuda"), {})
+    assert _copies_to_cuda(T.to, (x,), {"device": torch.device("cuda", 0), "non_blocking": True})
+    assert _copies_to_cuda(T.cuda, (x,), {})
+    assert not _copies_to_cuda(T.to, (x, torch.float16), {})
+    assert not _copies_to_cuda(T.to, (x, "cpu"), {})
+    assert not _copies_to_cuda(T.add, (x, x), {})
+
+
+@pytest.mark.gpu
+def test_late_copy_batches_delay_the_copy_on_its_own_stream():
+    from course_utils.checks.copies import late_copy_batches
+
+    (late,) = late_copy_batches([torch.ones(1 << 20).pin_memory()], delay_ms=5.0)
+    dst = torch.empty(1 << 20, device="cuda")
+    side = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    with torch.cuda.stream(side):
+        start.record()
+        dst.copy_(late, non_blocking=True)
+        end.record()
+    torch.cuda.synchronize()
+    assert type(dst) is torch.Tensor  # results stay plain tensors
+    assert start.elapsed_time(end) >= 4.0  # the 5 ms sleep went onto the copy's stream first
+    assert torch.equal(dst.cpu(), torch.ones(1 << 20))

@@ -23,6 +23,46 @@ class _Source:
             yield b
 
 
+def late_copy_batches(batches: list[Any], delay_ms: float) -> list[Any]:
+    """The same host batches, but every copy of one to the GPU starts `delay_ms` late.
+
+    Before the copy, a sleep kernel is queued on the stream the copy goes to (whichever stream the
+    prefetcher chose). Compute that waits for its copy still gets the right data; compute that does not
+    wait reads a buffer that has not been filled yet, on any GPU, however fast its copy engines are.
+    """
+    import torch
+
+    from ..events import cycles_per_ms
+
+    class LateCopy(torch.Tensor):
+        cycles = max(1, int(delay_ms * cycles_per_ms()))
+
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if _copies_to_cuda(func, args, kwargs):
+                torch.cuda._sleep(cls.cycles)
+            with torch._C.DisableTorchFunctionSubclass():  # results are plain tensors again
+                return func(*args, **kwargs)
+
+    return [b.as_subclass(LateCopy) for b in batches]
+
+
+def _copies_to_cuda(func: Any, args: tuple, kwargs: dict) -> bool:
+    """Is this call a host-to-GPU copy (`dst.copy_(src)`, `src.to("cuda")`, `src.cuda()`)?"""
+    import torch
+
+    if func is torch.Tensor.copy_:
+        return args[0].is_cuda and not args[1].is_cuda
+    if func is torch.Tensor.cuda:
+        return True
+    if func is torch.Tensor.to:
+        targets = list(args[1:]) + list(kwargs.values())
+        return any((isinstance(t, torch.Tensor) and t.is_cuda) or (isinstance(t, (str, torch.device))
+                   and torch.device(t).type == "cuda") for t in targets if not isinstance(t, (bool, torch.dtype)))
+    return False
+
+
 def run_prefetcher(prefetch: Callable, batches: list[Any], device: Any, tl: Any, compute_ms: float = 0.0
                    ) -> tuple[list[Any], list[int]]:
     """Feed `batches` through `prefetch(batches, device, tl)`; compute `b * 2 + 1` on each as it comes.
@@ -94,10 +134,12 @@ def check_prefetcher(prefetch: Callable, n_batches: int = 6, gpu_batch_mib: int 
     compute_ms = max(0.5, 2 * copy_ms)
     hidden: float | None = None
     # Fresh data each run, so a stale buffer cannot look right. The first two runs compute nothing but
-    # b * 2 + 1, so a compute that does not wait for its copy reads a buffer still being filled; the last
-    # run computes about twice as long as a copy takes, and is the one whose overlap is judged.
+    # b * 2 + 1 and every copy starts 2 ms late, so a compute that does not wait for its copy reads an
+    # unfilled buffer; the last run computes about twice as long as a copy takes, and its overlap is judged.
     for run_compute_ms in (0.0, 0.0, compute_ms):
         batches = [torch.rand(numel).pin_memory() for _ in range(n_batches)]
+        if run_compute_ms == 0.0:
+            batches = late_copy_batches(batches, delay_ms=2.0)
         compute = torch.cuda.Stream()  # a side stream: avoid the legacy default stream's implicit syncs
         with torch.cuda.stream(compute):
             tl = Timeline()
