@@ -23,11 +23,11 @@ lint: $(SETUP)
 	$(PY) -m ruff check .
 
 test: lint
-	$(PY) -m pytest -n $(JOBS) --dist loadfile tests --nbmake notebooks
+	$(PY) -m pytest -n $(JOBS) --dist loadgroup tests --nbmake notebooks
 
 # Same suite on a GPU box; any test or exercise skipped for want of a GPU is a failure.
 test-gpu: $(SETUP)
-	COURSE_REQUIRE_GPU=1 $(PY) -m pytest -n $(JOBS) --dist loadfile tests --nbmake notebooks
+	COURSE_REQUIRE_GPU=1 $(PY) -m pytest -n $(JOBS) --dist loadgroup tests --nbmake notebooks
 
 unit: $(SETUP)
 	$(PY) -m pytest -n $(JOBS) tests

@@ -205,7 +205,14 @@ def _use_colour() -> bool:
         return False
     if os.environ.get("FORCE_COLOR"):
         return True
-    return "ipykernel" in sys.modules or sys.stdout.isatty()
+    return _in_jupyter_kernel() or sys.stdout.isatty()
+
+
+def _in_jupyter_kernel() -> bool:
+    """True inside a Jupyter kernel (which renders ANSI colour), not merely when ipykernel was imported."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    return type(shell).__name__ == "ZMQInteractiveShell"
 
 
 def _prefix(rank: int, width: int, colour: bool) -> str:

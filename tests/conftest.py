@@ -31,6 +31,13 @@ def is_gpu_skip(reason: str) -> bool:
     return bool(re.search(r"\b(GPU|GPUs|CUDA|cuda|NCCL)\b", reason))
 
 
+def times_the_gpu(item) -> bool:
+    """Tests whose GPU timings would be distorted by another test process using the same GPU."""
+    path = item.path
+    return ("gpu" in item.keywords or "multigpu" in item.keywords or path.suffix == ".ipynb"
+            or path.name.startswith(("test_lesson", "test_exercises")))
+
+
 def pytest_collection_modifyitems(config, items):
     n = _cuda_count()
     for item in items:
@@ -38,6 +45,12 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="needs a GPU"))
         if "multigpu" in item.keywords and n < 2:
             item.add_marker(pytest.mark.skip(reason="needs two or more GPUs"))
+        # With `--dist loadgroup` (the Makefile) a group runs in one xdist worker. Tests that time the GPU
+        # share one group, so they run one after another: kernels of a parallel test queued on the same GPU
+        # would delay ours and make concurrency appear or vanish. Other tests are grouped by file (as
+        # --dist loadfile would), so a module's fixtures are built once.
+        group = "cuda" if n and times_the_gpu(item) else str(item.path)
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.hookimpl(hookwrapper=True)

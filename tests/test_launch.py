@@ -502,3 +502,18 @@ def test_pool_with_nccl_round_trips_and_stops_a_stuck_collective():
         assert info.value.stopped == [0] and pool.closed
     assert_gone(pids)
     assert_notebook_untouched()
+
+
+def test_colour_only_inside_a_jupyter_kernel(monkeypatch):
+    import ipykernel  # noqa: F401  (imported, as grading or kernelspec lookups do, but no kernel runs here)
+
+    from course_utils import launch
+
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    monkeypatch.delenv("FORCE_COLOR", raising=False)
+    assert not launch._in_jupyter_kernel()
+    assert launch._use_colour() == sys.stdout.isatty()
+    monkeypatch.setenv("FORCE_COLOR", "1")
+    assert launch._use_colour()
+    monkeypatch.setenv("NO_COLOR", "1")
+    assert not launch._use_colour()
