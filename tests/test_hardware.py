@@ -20,6 +20,7 @@ TOPO = Path(__file__).parent / "data" / "topo"
         ("captured_2gpu_h200_nvlink.txt", 2, (0, 1), 18, "NV18"),
         ("2gpu_nvlink.txt", 2, (0, 1), 18, "NV18"),
         ("2gpu_pcie.txt", 2, (0, 1), 0, "SYS"),
+        ("captured_4gpu_h200_nvlink.txt", 4, (1, 3), 18, "NV18"),
         ("4gpu_nvlink.txt", 4, (1, 3), 4, "NV4"),
         ("4gpu_pcie.txt", 4, (2, 3), 0, "PXB"),
         ("8gpu_nvlink.txt", 8, (0, 7), 18, "NV18"),
