@@ -9,7 +9,6 @@ synchronises with other blocking streams and can hide a race.
 
 from __future__ import annotations
 
-import functools
 import os
 import subprocess
 import sys
@@ -19,27 +18,12 @@ from typing import Any
 
 import torch
 
+from .host_device import calibrate_sleep, gpu_sleep
 
 # ---------------------------------------------------------------- a kernel of known length
-@functools.cache
-def cycles_per_ms() -> float:
-    """How many `torch.cuda._sleep` cycles make one millisecond on this GPU (timed with events)."""
-    torch.cuda._sleep(1000)  # warm up
-    cycles = 2_000_000
-    rates = []
-    for _ in range(3):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        torch.cuda._sleep(cycles)
-        end.record()
-        end.synchronize()
-        rates.append(cycles / start.elapsed_time(end))
-    return sorted(rates)[1]
-
-
-def sleep_ms(ms: float) -> None:
-    """Enqueue a kernel that spins for about `ms` milliseconds on the current stream."""
-    torch.cuda._sleep(max(1, int(ms * cycles_per_ms())))
+# One calibration for the whole course (lesson 01 introduces it); these are the names lesson 03 uses.
+cycles_per_ms = calibrate_sleep
+sleep_ms = gpu_sleep
 
 
 def _on(tl: Any, name: str, stream: torch.cuda.Stream, kind: str = "compute") -> Any:

@@ -85,7 +85,7 @@ def calibrate_sleep(device: int | None = None, probe_cycles: int = 20_000_000, r
 def gpu_sleep(ms: float, cycles_per_ms: float | None = None) -> None:
     """Enqueue one kernel that keeps one SM busy for about `ms` milliseconds on the current stream."""
     rate = cycles_per_ms if cycles_per_ms is not None else calibrate_sleep()
-    torch.cuda._sleep(int(ms * rate))
+    torch.cuda._sleep(max(1, int(ms * rate)))
 
 
 def _median_ms(samples: list[float]) -> float:
