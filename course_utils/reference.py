@@ -2,18 +2,27 @@
 
 On a machine without CUDA a lesson shows a recording instead of a live measurement, drawn by the same
 plotting code, and labelled with where and when it was recorded. Recordings live in
-course_utils/reference_data/NAME.json and are made by benchmarks/record_references.py on a GPU box.
+course_utils/reference_data/NAME.json (NAME: the notebook's stem) and are made by executing the notebooks
+themselves on a GPU box (benchmarks/record_references.py), so recorded and live numbers come from the
+same cells:
+
+    rec = Recorder("02_cuda_streams")
+    sleep = rec.take("sleep", lambda: measure_sleep_kernels())   # live on a GPU, recorded elsewhere
 """
 
 from __future__ import annotations
 
 import datetime as _dt
 import json
+import os
 import platform
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+RECORD_ENV = "COURSE_RECORD_DIR"  # set by record_references.py: live measurements are saved there
 
 DATA_DIR = Path(__file__).resolve().parent / "reference_data"
 
@@ -29,8 +38,9 @@ class Recording:
     def label(self) -> str:
         """One line for a plot title or a notebook: 'recorded on <GPU>, torch <v>, <date>'."""
         p = self.provenance
+        vm = ", a virtual machine" if p.get("virtual_machine") else ""
         return (
-            f"recorded on {p.get('gpu', '?')} (driver {p.get('driver', '?')}), "
+            f"recorded on {p.get('gpu', '?')} (driver {p.get('driver', '?')}{vm}), "
             f"torch {p.get('torch', '?')}, CUDA {p.get('cuda', '?')}, {p.get('date', '?')}"
         )
 
@@ -46,6 +56,23 @@ def _driver_version() -> str:
         return "unknown"
 
 
+def is_virtual_machine() -> bool:
+    """True when this host reports a hypervisor (cpuinfo flag or DMI vendor): VM numbers can differ."""
+    try:
+        if " hypervisor" in Path("/proc/cpuinfo").read_text():
+            return True
+    except OSError:
+        pass
+    vendors = ("kvm", "qemu", "vmware", "virtualbox", "xen", "microsoft corporation", "amazon ec2", "google")
+    for f in ("sys_vendor", "product_name"):
+        try:
+            if any(v in Path(f"/sys/class/dmi/id/{f}").read_text().strip().lower() for v in vendors):
+                return True
+        except OSError:
+            pass
+    return False
+
+
 def provenance() -> dict[str, Any]:
     """Facts about the machine this process measures on."""
     import torch
@@ -59,6 +86,7 @@ def provenance() -> dict[str, Any]:
         "cuda": torch.version.cuda,
         "python": platform.python_version(),
         "host": platform.node(),
+        "virtual_machine": is_virtual_machine(),
         "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
     }
 
@@ -89,3 +117,64 @@ def load(name: str, directory: Path | None = None) -> Recording:
         )
     record = json.loads(path.read_text())
     return Recording(name=record["name"], data=record["data"], provenance=record["provenance"])
+
+
+class Recorder:
+    """One notebook's GPU measurements: live where CUDA is, from its reference recording elsewhere.
+
+    `take(key, measure)` runs `measure()` on a GPU and returns its (JSON-serialisable) result; when the
+    notebook is executed by benchmarks/record_references.py (COURSE_RECORD_DIR set), the result is also
+    saved under `key` in the recording. Without CUDA it returns the recorded value, or None when the
+    recording (or that key) does not exist yet, so a lesson goes on and shows what this machine can.
+    Each call prints one line saying where the numbers come from.
+    """
+
+    def __init__(self, name: str, live: bool | None = None, directory: Path | None = None, quiet: bool = False):
+        if live is None:
+            import torch
+
+            live = torch.cuda.is_available()
+        self.name, self.live, self.quiet = name, live, quiet
+        self.directory = Path(directory) if directory else DATA_DIR
+        self._record_dir = os.environ.get(RECORD_ENV) if live else None
+        self._taken: dict[str, Any] = {}
+        self._stored: Recording | None = None
+
+    @property
+    def recording(self) -> Recording | None:
+        """The stored recording (None if it is not made yet); loaded once."""
+        if self._stored is None and (self.directory / f"{self.name}.json").exists():
+            self._stored = load(self.name, self.directory)
+        return self._stored
+
+    def _say(self, line: str) -> None:
+        if not self.quiet:
+            print(line)
+
+    def take(self, key: str, measure: Callable[[], Any]) -> Any:
+        """Measure `key` live, or return its recorded value (None when there is none yet)."""
+        if self.live:
+            import torch
+
+            data = measure()
+            try:
+                data = json.loads(json.dumps(data))  # what a recording would hold, so live == recorded code paths
+            except TypeError as err:
+                raise TypeError(f"{self.name}/{key}: a measurement must be JSON data (numbers, str, lists, "
+                                f"dicts; spans as Span.to_dict()): {err}") from None
+            self._taken[key] = data
+            if self._record_dir:
+                save(self.name, self._taken, directory=Path(self._record_dir))
+            self._say(f"[{key}: measured live on {torch.cuda.get_device_name()}]")
+            return data
+        rec = self.recording
+        if rec is None:
+            self._say(f"[{key}: no GPU here and no reference recording {self.name!r} yet; not shown. Make it on a "
+                      f"GPU: python benchmarks/record_references.py {self.name}]")
+            return None
+        if key not in rec.data:
+            self._say(f"[{key}: not in recording {self.name!r} (has {sorted(rec.data)}); regenerate it on a GPU: "
+                      f"python benchmarks/record_references.py {self.name}]")
+            return None
+        self._say(f"[{key}: {rec.label()}]")
+        return rec.data[key]

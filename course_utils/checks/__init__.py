@@ -1,27 +1,97 @@
-"""Exercise checks. Each check says what was expected and what it saw.
+"""Exercise checks: a probe that runs the student's code, and a verdict decided on plain data.
 
-A check cell calls one function from here or from a lesson submodule (checks/streams.py, ...). Outcomes:
-- passed: the function returns (and prints a one-line "passed: ..." message);
-- failed: it raises `CheckFailed` with "expected ..., saw ..." in the message;
-- skipped: a check that needs CUDA prints a line starting with SKIP_MARKER and returns, so the notebook
-  goes on on a CPU-only machine. Under COURSE_REQUIRE_GPU=1 (`make test-gpu`) a skip is a failure.
-- not attempted: the grader's name for an exercise whose solution cell (or the check, calling the student's
-  code) raised NotImplementedError, the stub that student versions carry.
-The grader (course_utils.grade) reads these outcomes from the check cell's result, so a check must not catch
-NotImplementedError (or print SKIP_MARKER) on the student's behalf.
+Every exercise is one `Exercise`, registered by its lesson's module (checks/streams.py, ...):
+
+    def make_inputs() -> dict:                 # fresh inputs, made where the verdict is decided
+        return {"n": 5, "seed": 1234}
+
+    def probe(answer, inputs) -> dict:         # runs beside the student's code; returns plain data only
+        return {"out": answer(inputs["n"])}
+
+    def judge(inputs, data) -> str:            # the verdict, from plain data; raises CheckFailed
+        expect(data["out"] == 2 * inputs["n"], "ex99_double", "...", data["out"])
+        return "detail for the pass line"
+
+    register(Exercise("ex99_double", entry="double", probe=probe, judge=judge, inputs=make_inputs))
+
+Where each part runs:
+- In a notebook, the check cell calls `check("ex99_double", double)`: inputs, probe and judge all run in the
+  kernel, for the student's feedback. It prints "passed: ..." or raises CheckFailed; `pytest --nbmake`
+  on a notebook therefore passes exactly when its exercises pass.
+- The grader (course_utils.grading) never trusts that cell. It makes the inputs in its own process, runs
+  the master's setup cells plus the submission's solution in a separate throwaway process, calls
+  `probe(<the value the solution defined under entry>, inputs)` there, receives the result as plain
+  data (`to_bytes`/`from_bytes`: tensors and builtins only, loaded with torch's weights-only unpickler)
+  and calls `judge` in its own process. So a judge must only use its inputs and the plain data, never
+  an object the student made, and must compute every expected value itself.
+
+Outcomes: passed; failed (CheckFailed, "expected ..., saw ..."); skipped (a GPU exercise on a machine
+without CUDA: "skipped: needs a GPU", and under COURSE_REQUIRE_GPU=1 that is a failure); not attempted
+(the solution still raises NotImplementedError, the stub that student versions carry). A GPU exercise
+with `cpu_part=True` is probed on CPU too (inputs["gpu"] is False) and, if that part passes, reported
+as "skipped: needs a GPU (CPU part passed; GPU part not graded here)".
 """
 
 from __future__ import annotations
 
+import importlib
+import io
+import math
 import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 SKIP_MARKER = "skipped: needs a GPU"
 PASS_MARKER = "passed:"
+CPU_PART_PASSED = "CPU part passed; GPU part not graded here"
+
+# Lesson modules that register exercises, imported on first look-up (checks/<module>.py).
+LESSON_MODULES = ("host_device", "streams", "events", "copies", "p2p", "collectives", "ring", "data_parallel",
+                  "ddp", "debugging")
 
 
 class CheckFailed(AssertionError):
     """An exercise check did not pass; the message says what was expected and what was seen."""
+
+
+@dataclass(frozen=True)
+class Exercise:
+    """One graded exercise: how to feed the student's answer and how to judge what came back."""
+
+    grade_id: str
+    entry: str  # the name the solution cell defines (a function, a class or a value)
+    probe: Callable[[Any, dict], dict]
+    judge: Callable[[dict, dict], str]
+    inputs: Callable[[], dict] = field(default=lambda: {})
+    needs_gpu: bool = False
+    cpu_part: bool = False  # a GPU exercise whose probe also checks something on CPU (inputs["gpu"] False)
+    timeout_s: float = 120.0  # for the probe, in the grader
+
+
+_REGISTRY: dict[str, Exercise] = {}
+
+
+def register(ex: Exercise) -> Exercise:
+    """Add an exercise to the registry (a lesson module calls this at import)."""
+    if ex.grade_id in _REGISTRY and _REGISTRY[ex.grade_id] is not ex:
+        raise ValueError(f"exercise {ex.grade_id!r} is registered twice")
+    _REGISTRY[ex.grade_id] = ex
+    return ex
+
+
+def exercise(grade_id: str) -> Exercise:
+    """The registered exercise `grade_id` (imports the lesson modules on first use)."""
+    if grade_id not in _REGISTRY:
+        for name in LESSON_MODULES:
+            try:
+                importlib.import_module(f"{__name__}.{name}")
+            except ModuleNotFoundError as err:
+                if err.name != f"{__name__}.{name}":
+                    raise
+    if grade_id not in _REGISTRY:
+        raise KeyError(f"no check is registered for exercise {grade_id!r} (known: {sorted(_REGISTRY)})")
+    return _REGISTRY[grade_id]
 
 
 def require_gpu_mode() -> bool:
@@ -35,21 +105,10 @@ def gpu_available() -> bool:
     return torch.cuda.is_available()
 
 
-def needs_gpu(exercise: str) -> bool:
-    """Return True if CUDA is here; otherwise report the exercise as skipped and return False.
-
-    Use as the first line of a CUDA-only check:  `if not needs_gpu("streams"): return`
-    """
-    if gpu_available():
-        return True
-    if require_gpu_mode():
-        raise CheckFailed(f"{exercise}: needs a GPU, and COURSE_REQUIRE_GPU=1 forbids skipping it")
-    print(f"{SKIP_MARKER} ({exercise} runs on CUDA; this machine has none, so it is not graded here)")
-    return False
-
-
 def expect(ok: bool, exercise: str, expected: str, seen: Any, hint: str = "") -> None:
-    """Raise CheckFailed unless `ok`, with a message a student can act on."""
+    """Raise CheckFailed unless `ok` is exactly True, with a message a student can act on."""
+    if type(ok) is not bool:  # a judge compares plain data; a tensor or numpy bool means a bug in the judge
+        raise TypeError(f"expect() takes a bool, got {type(ok).__name__}: compare plain data with bool(...)")
     if not ok:
         msg = f"{exercise}: expected {expected}, saw {seen}"
         if hint:
@@ -57,6 +116,97 @@ def expect(ok: bool, exercise: str, expected: str, seen: Any, hint: str = "") ->
         raise CheckFailed(msg)
 
 
+def close(a: float, b: float, rel: float = 1e-6, abs_: float = 0.0) -> bool:
+    """math.isclose for plain numbers only (a bool is not a number here)."""
+    return _is_number(a) and _is_number(b) and math.isclose(a, b, rel_tol=rel, abs_tol=abs_)
+
+
+def _is_number(x: Any) -> bool:
+    return type(x) in (int, float) and math.isfinite(x)
+
+
+# ----------------------------------------------------------------------------------------- plain data
+
+_PLAIN_SCALARS = (bool, int, float, str, type(None))
+
+
+def plain(data: Any, where: str = "result") -> Any:
+    """`data` if it is plain (builtins of exact type, and CPU tensors), else TypeError.
+
+    Exact types: a subclass of float or dict could carry its own __eq__ into a judge."""
+    import torch
+
+    t = type(data)
+    if t in _PLAIN_SCALARS:
+        return data
+    if t is torch.Tensor:
+        return data.detach().cpu().clone()
+    if t in (list, tuple):
+        return [plain(x, f"{where}[{i}]") for i, x in enumerate(data)]
+    if t is dict:
+        out = {}
+        for k, v in data.items():
+            if type(k) is not str:
+                raise TypeError(f"{where}: keys must be str, got {type(k).__name__}")
+            out[k] = plain(v, f"{where}[{k!r}]")
+        return out
+    raise TypeError(f"{where}: {t.__module__}.{t.__qualname__} is not plain data (use numbers, str, lists, dicts, "
+                    "tensors)")
+
+
+def to_bytes(data: Any) -> bytes:
+    """Serialise plain data for the trip from a probe to a judge."""
+    import torch
+
+    buf = io.BytesIO()
+    torch.save(plain(data), buf)
+    return buf.getvalue()
+
+
+def from_bytes(raw: bytes) -> Any:
+    """The inverse of to_bytes, with torch's weights-only unpickler: no code of the sender's runs here."""
+    import torch
+
+    return plain(torch.load(io.BytesIO(raw), weights_only=True, map_location="cpu"))
+
+
+# ----------------------------------------------------------------------------------------- in a notebook
+
+
+def _skip(grade_id: str, detail: str = "") -> None:
+    if require_gpu_mode():
+        raise CheckFailed(f"{grade_id}: needs a GPU, and COURSE_REQUIRE_GPU=1 forbids skipping it")
+    print(f"{SKIP_MARKER} ({grade_id} runs on CUDA; this machine has none, so it is not graded here"
+          + (f"; {detail}" if detail else "") + ")")
+
+
+def check(grade_id: str, answer: Any) -> None:
+    """Run exercise `grade_id` on the student's `answer`, here, and print the verdict.
+
+    The check cell of every exercise is one call of this. A NotImplementedError from the student's stub
+    is left to propagate (the exercise is then "not attempted")."""
+    ex = exercise(grade_id)
+    gpu = gpu_available()
+    if ex.needs_gpu and not gpu and not ex.cpu_part:
+        _skip(grade_id)
+        return
+    inputs = plain({**ex.inputs(), "gpu": gpu})
+    data = from_bytes(to_bytes(ex.probe(answer, inputs)))  # the same plain-data trip the grader makes
+    detail = ex.judge(inputs, data)
+    if ex.needs_gpu and not gpu:
+        _skip(grade_id, CPU_PART_PASSED)
+        return
+    print(f"{PASS_MARKER} {grade_id}" + (f" ({detail})" if detail else ""))
+
+
 def passed(exercise: str, detail: str = "") -> None:
-    """Print the pass line (the grader and the student both read it)."""
+    """Print the pass line (kept for callers that report a pass themselves)."""
     print(f"{PASS_MARKER} {exercise}" + (f" ({detail})" if detail else ""))
+
+
+def needs_gpu(exercise: str) -> bool:
+    """Old-style checks' first line (kept while lessons move to `Exercise`): True if CUDA is here, else skip."""
+    if gpu_available():
+        return True
+    _skip(exercise)
+    return False
