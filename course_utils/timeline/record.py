@@ -1,84 +1,53 @@
-"""Nsight-style timelines of a cell's own work: spans timed with CUDA events (host clock on CPU).
+"""Timeline: record what ran when, in one of three modes, then summarise, plot, export or merge it.
 
-    tl = Timeline()
-    with tl.span("matmul", kind="compute", stream=s):   # s is the current stream inside the block
-        y = x @ x
-    with tl.span("python loop", kind="host"):            # host clock, on the same time axis
-        ...
-    tl.mark("step 1")
-    tl.spans()          # list[Span]; the only call that waits for the GPU
-    tl.stats()          # numbers: busy/idle per row, comm/compute and copy/compute overlap, makespan
-    tl.plot()           # matplotlib Figure
-    tl.to_chrome_trace("trace.json")   # open in Perfetto (ui.perfetto.dev) or chrome://tracing
+    tl = Timeline()                   # mode=None: "kernels" where CUDA is available, else "host"
+    with tl.capture():                # kernels mode: one torch.profiler run; a no-op in the other modes
+        with tl.span("chain 0", stream=s):
+            y = x @ x
+    tl.name_stream(s, "side 1")       # row label (else "stream <id>")
+    tl.spans(); tl.stats(); tl.plot(); tl.to_chrome_trace("trace.json")
+
+Modes:
+- "kernels": every kernel, copy and NCCL kernel with its real start and end on its real stream, from
+  torch.profiler (CUPTI); `tl.span` is a named range drawn over the work it launched, never counted as
+  work. See `kernels.py`. Spans must sit inside `with tl.capture():`.
+- "events": a span is two CUDA events recorded on its stream: it shows when the *stream* reached its
+  start and its end (stream progress), which includes time the stream waited for the GPU to run other
+  streams' kernels. Cheap (two event records per span), so it suits live use; labelled so in the plot.
+  A `wait` span recorded inside a span is drawn as waiting, not work.
+- "host": the host clock only (`time.perf_counter_ns`), for CPU work and machines without CUDA.
+`kind="host"` spans are host-clock spans in every mode. With mode=None on a CUDA machine, a span used
+outside any capture makes the timeline an events-mode one (so code written before kernels mode keeps
+working); a later capture() then refuses, saying so.
 
 How times line up. Every timeline has an origin on the host clock (`time.perf_counter_ns`, which is
 CLOCK_MONOTONIC on Linux and so shared by all processes of one host). Host spans are read from that
-clock directly. CUDA spans are two events from a pool, recorded on the span's stream: recording costs
-host time only and never waits for the GPU. `spans()` waits for the device once, then records one
-*anchor* event on the idle device and notes the host time around its completion; each CUDA event's
-time is the anchor's host time minus `event.elapsed_time(anchor)`. The anchor's uncertainty (the
-host time between recording it and seeing it complete) is `Timeline.anchor_uncertainty_ms`.
+clock directly; kernels-mode times are mapped onto it (kernels.py); events-mode CUDA spans are placed by
+an *anchor*: `spans()` waits for the device once, records one event on the idle device and notes the
+host time around its completion; each event's time is the anchor's host time minus
+`event.elapsed_time(anchor)`. The anchor's uncertainty is `anchor_uncertainty_ms`.
 
 Several ranks: inside workers, `tl.gather()` (a collective) returns every rank's spans on one axis;
 or return `tl.export()` from each worker and call `Timeline.merge(...)` in the notebook. Ranks on one
-host share the host clock; across hosts the clocks are aligned on a barrier and the spread of a second
-barrier is reported as `skew_ms`.
-
-Measuring (this module, `timeline_stats`) and drawing (`timeline_plot`, `timeline_trace`) are kept apart.
+host share the host clock, so no barrier-based guess is needed; across hosts the clocks are aligned on a
+barrier and the spread of a second barrier is reported as `skew_ms`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import time
-from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
 
-KINDS = ("compute", "h2d", "d2h", "d2d", "comm", "host", "wait")
-MARK = "mark"  # kind of an instant made by Timeline.mark; not a span of work
+from .spans import MARK, Span, check_kind
 
-__all__ = ["KINDS", "MARK", "Span", "Timeline"]
+MODES = ("kernels", "events", "host")
 
-
-@dataclass
-class Span:
-    """One interval of work on one row (rank, stream), in ms on the timeline's host clock."""
-
-    name: str
-    kind: str
-    rank: int
-    stream: str
-    start_ms: float
-    end_ms: float
-
-    @property
-    def duration_ms(self) -> float:
-        return self.end_ms - self.start_ms
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Span:
-        """Rebuild a span from `to_dict()` output (e.g. a reference recording), checking it."""
-        missing = {"name", "kind", "rank", "stream", "start_ms", "end_ms"} - set(d)
-        if missing:
-            raise ValueError(f"span record {d!r} lacks {sorted(missing)}")
-        _check_kind(d["kind"], allow_mark=True)
-        s = cls(str(d["name"]), d["kind"], int(d["rank"]), str(d["stream"]), float(d["start_ms"]),
-                float(d["end_ms"]))
-        if s.end_ms < s.start_ms:
-            raise ValueError(f"span {s.name!r} ends ({s.end_ms} ms) before it starts ({s.start_ms} ms)")
-        return s
-
-
-def _check_kind(kind: str, allow_mark: bool = False) -> None:
-    if kind in KINDS or (allow_mark and kind == MARK):
-        return
-    raise ValueError(f"kind {kind!r} is not one of {', '.join(KINDS)}")
+__all__ = ["MODES", "Timeline"]
 
 
 def _host_ms(origin_ns: int) -> float:
@@ -88,11 +57,11 @@ def _host_ms(origin_ns: int) -> float:
 class _Open:
     """Handle of a span being recorded; `Timeline.end(handle)` closes it (the `with` form does it for you)."""
 
-    __slots__ = ("tl", "index", "name", "stream_ctx", "cuda_stream", "closed")
+    __slots__ = ("tl", "index", "name", "stream_ctx", "cuda_stream", "closed", "rng")
 
-    def __init__(self, tl: Timeline, index: int, name: str, stream_ctx: Any, cuda_stream: Any):
+    def __init__(self, tl: Timeline, index: int, name: str, stream_ctx: Any, cuda_stream: Any, rng: Any = None):
         self.tl, self.index, self.name = tl, index, name
-        self.stream_ctx, self.cuda_stream, self.closed = stream_ctx, cuda_stream, False
+        self.stream_ctx, self.cuda_stream, self.closed, self.rng = stream_ctx, cuda_stream, False, rng
 
     def __enter__(self) -> _Open:
         return self
@@ -104,21 +73,34 @@ class _Open:
 class Timeline:
     """Record spans of work per stream (and per rank), then resolve, summarise, plot or export them.
 
-    device: None picks the current CUDA device when CUDA is available, else the host clock;
-    "cpu" forces the host clock; "cuda:N" or an int picks a GPU. rank: None takes the process group's
-    rank when torch.distributed is initialised, else 0.
+    mode: "kernels", "events", "host" or None (kernels where CUDA is available, else host); see the
+    module docstring. device: None picks the current CUDA device when CUDA is available; "cpu" means the
+    host clock (mode host, unless mode="kernels": the profiler's CPU ops, e.g. gloo collectives);
+    "cuda:N" or an int picks a GPU. rank: None takes the process group's rank when torch.distributed is
+    initialised, else 0. host_ops (kernels mode): also draw each thread's top-level CPU ops; default on
+    only without CUDA.
     """
 
-    def __init__(self, device: str | int | torch.device | None = None, rank: int | None = None):
+    def __init__(self, device: str | int | torch.device | None = None, rank: int | None = None,
+                 mode: str | None = None, host_ops: bool | None = None):
+        if mode is not None and mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)} or None, not {mode!r}")
         if device is None:
-            self._cuda = torch.cuda.is_available()
-            self._device_index: int | None = None  # resolved at the first CUDA span: avoids initialising CUDA here
+            cuda = torch.cuda.is_available()
+            self._device_index: int | None = None  # resolved at first use: avoids initialising CUDA here
         else:
             dev = torch.device(f"cuda:{device}" if isinstance(device, int) else device)
-            self._cuda = dev.type == "cuda"
-            if self._cuda and not torch.cuda.is_available():
+            cuda = dev.type == "cuda"
+            if cuda and not torch.cuda.is_available():
                 raise RuntimeError(f"Timeline(device={device!r}) asks for CUDA, but CUDA is not available here")
-            self._device_index = dev.index if self._cuda and dev.index is not None else None
+            self._device_index = dev.index if cuda and dev.index is not None else None
+        self._auto = mode is None and cuda
+        if mode is None:
+            mode = "kernels" if cuda else "host"
+        if mode == "events" and not cuda:
+            mode = "host"  # no CUDA here: the same code records on the host clock
+        self.mode = mode
+        self._cuda = cuda and mode != "host"
         if rank is None:
             rank = torch.distributed.get_rank() if _dist_ready() else 0
         self.rank = int(rank)
@@ -126,6 +108,7 @@ class Timeline:
         self.host = socket.gethostname()
         self.anchor_uncertainty_ms = 0.0
         self.skew_ms: float | None = None  # set by merge/gather: remaining clock skew between ranks
+        self.skew_note: str | None = None
         # Pending records in parallel lists of objects the garbage collector does not track (str, float):
         # a tuple or list per record would be, and after `import torch` its passes cost more than the span.
         self._names: list[str] = []
@@ -139,11 +122,22 @@ class Timeline:
         self._stream_labels: dict[int, str] = {}
         self._barrier_ms: tuple[float, float] | None = None
         self._frozen = False
+        self._kernels = None
+        self._host_ops = host_ops
+        self._fell_back = False
+        if self.mode == "kernels":
+            self._make_recorder()
+
+    def _make_recorder(self) -> None:
+        from .kernels import KernelRecorder
+
+        self._kernels = KernelRecorder(self.rank, self.origin_ns, self._cuda, self._device if self._cuda else None,
+                                       self._host_ops)
 
     # ---------------------------------------------------------------- recording
     @property
     def uses_cuda(self) -> bool:
-        """True when spans of GPU work are timed with CUDA events; False on the host clock."""
+        """True when GPU work is timed on the GPU (kernels or events mode); False on the host clock."""
         return self._cuda
 
     @property
@@ -154,6 +148,35 @@ class Timeline:
         if self._device_index is None:
             self._device_index = torch.cuda.current_device()
         return self._device_index
+
+    def _check_writable(self) -> None:
+        if self._frozen:
+            raise RuntimeError("this Timeline was rebuilt from stored spans; record into a new Timeline()")
+
+    def capture(self) -> contextlib.AbstractContextManager:
+        """`with tl.capture():` records what the block runs (kernels mode: one torch.profiler run, which
+        synchronises the GPU when the block ends, never inside it). A no-op context in the other modes."""
+        self._check_writable()
+        if self._fell_back:
+            raise RuntimeError("this Timeline() recorded spans outside `with tl.capture():`, so it records CUDA "
+                               "events (stream progress); make a new Timeline(mode='kernels') and put every span "
+                               "inside the capture block")
+        if self.mode != "kernels":
+            return contextlib.nullcontext(self)
+        return self._capture()
+
+    @contextlib.contextmanager
+    def _capture(self) -> Iterator[Timeline]:
+        self._auto = False  # from now on a span outside a capture is a mistake, not a reason to switch modes
+        self._kernels.enter()
+        try:
+            yield self
+        finally:
+            self._kernels.exit()
+
+    def _fall_back_to_events(self) -> None:
+        """mode=None and a GPU span outside any capture: record CUDA events from here on (see module doc)."""
+        self.mode, self._kernels, self._auto, self._fell_back = "events", None, False, True
 
     def _add(self, name: str, kind: str, label: str, start: Any, end: Any) -> int:
         self._names.append(name)
@@ -167,9 +190,12 @@ class Timeline:
         return self._pool.pop() if self._pool else torch.cuda.Event(enable_timing=True)
 
     def name_stream(self, stream: Any, label: str) -> None:
-        """Label a CUDA stream's row (default labels: 'default stream', 'stream 1', 'stream 2', ...)."""
-        if self._cuda and isinstance(stream, torch.cuda.Stream):
-            self._stream_labels[stream.cuda_stream] = label
+        """Label a CUDA stream's row (default labels: 'default stream', then 'stream <n>')."""
+        if not (self._cuda and isinstance(stream, torch.cuda.Stream)):
+            return
+        if self._kernels is not None:
+            self._kernels.name_stream(stream, label)
+        self._stream_labels[stream.cuda_stream] = label
 
     def _label(self, stream: Any) -> str:
         key = stream.cuda_stream
@@ -179,39 +205,59 @@ class Timeline:
             self._stream_labels[key] = "default stream" if key == default else f"stream {n + 1}"
         return self._stream_labels[key]
 
+    def _stream_arg(self, name: str, kind: str, stream: Any) -> tuple[Any, Any]:
+        """(stream to record on or None, context that makes it current or None), checking the argument."""
+        if isinstance(stream, str):
+            raise TypeError(f"span {name!r}: on a GPU, stream= takes a torch.cuda.Stream (or None), not a label; "
+                            f"use tl.name_stream(stream, {stream!r}) to name its row, or kind='host' for host work")
+        if stream is None:
+            return torch.cuda.current_stream(self._device()), None
+        if not isinstance(stream, torch.cuda.Stream):
+            raise TypeError(f"stream must be a torch.cuda.Stream or None, not {type(stream).__name__}")
+        if stream.device.index != self._device():
+            raise ValueError(f"span {name!r}: its stream lives on cuda:{stream.device.index}, but this timeline "
+                             f"records cuda:{self._device()}; make a Timeline(device={stream.device.index}) for it")
+        ctx = None
+        if stream != torch.cuda.current_stream(self._device()):
+            ctx = torch.cuda.stream(stream)  # the block's work goes to `stream`
+            ctx.__enter__()
+        return stream, ctx
+
     def begin(self, name: str, kind: str = "compute", stream: Any = None) -> _Open:
         """Open a span and return its handle; close it with `end(handle)`. Prefer `with tl.span(...)`.
 
         Useful where start and end sit in different places, e.g. a backward hook and its callback.
         """
-        if self._frozen:
-            raise RuntimeError("this Timeline was rebuilt from stored spans; record into a new Timeline()")
-        _check_kind(kind)
+        self._check_writable()
+        check_kind(kind)
         host_clock = kind == "host" or not self._cuda
         if host_clock:
-            if stream is not None and not isinstance(stream, str):
+            if stream is not None and not isinstance(stream, str) and not (self.mode == "kernels" and kind != "host"):
                 if kind == "host":
                     raise TypeError(f"a host span's stream is a row label (str), not {type(stream).__name__}")
                 raise TypeError(f"no CUDA here: stream must be None or a row label (str), got {type(stream).__name__}")
+        if self._auto and not host_clock and not self._kernels.capturing:
+            self._fall_back_to_events()
+        if self.mode == "kernels" and kind != "host":
+            label = stream if isinstance(stream, str) else None
+            cuda_stream, ctx = (None, None)
+            if self._cuda and not isinstance(stream, str):
+                cuda_stream, ctx = self._stream_arg(name, kind, stream)
+            try:
+                rng = self._kernels.begin(name, label)
+            except BaseException:
+                if ctx is not None:
+                    ctx.__exit__(None, None, None)
+                raise
+            index = self._add(name, kind, label or "", None, None)
+            self._open[index] = name
+            return _Open(self, index, name, ctx, cuda_stream, rng)
+        if host_clock:
             label = stream or "host"
             index = self._add(name, kind, label, _host_ms(self.origin_ns), None)
             self._open[index] = name
             return _Open(self, index, name, None, None)
-        if isinstance(stream, str):
-            raise TypeError(f"span {name!r}: on a GPU, stream= takes a torch.cuda.Stream (or None), not a label; "
-                            f"use tl.name_stream(stream, {stream!r}) to name its row, or kind='host' for host work")
-        ctx = None
-        if stream is None:
-            stream = torch.cuda.current_stream(self._device())
-        else:
-            if not isinstance(stream, torch.cuda.Stream):
-                raise TypeError(f"stream must be a torch.cuda.Stream or None, not {type(stream).__name__}")
-            if stream.device.index != self._device():
-                raise ValueError(f"span {name!r}: its stream lives on cuda:{stream.device.index}, but this timeline "
-                                 f"records cuda:{self._device()}; make a Timeline(device={stream.device.index}) for it")
-            if stream != torch.cuda.current_stream(self._device()):
-                ctx = torch.cuda.stream(stream)  # the block's work goes to `stream`
-                ctx.__enter__()
+        stream, ctx = self._stream_arg(name, kind, stream)
         start = self._event()
         start.record(stream)
         index = self._add(name, kind, self._label(stream), start, None)
@@ -224,7 +270,12 @@ class Timeline:
             raise ValueError(f"span {handle.name!r} belongs to another Timeline")
         if handle.closed:
             raise RuntimeError(f"span {handle.name!r} was already closed")
-        if handle.cuda_stream is None:
+        if handle.rng is not None:  # kernels mode: a named range, resolved from the profiler's trace
+            self._kernels.end(*handle.rng)
+            self._t1[handle.index] = "range"
+            if handle.stream_ctx is not None:
+                handle.stream_ctx.__exit__(None, None, None)
+        elif handle.cuda_stream is None:
             self._t1[handle.index] = _host_ms(self.origin_ns)
         else:
             ev = self._event()
@@ -236,21 +287,24 @@ class Timeline:
         del self._open[handle.index]
 
     def span(self, name: str, kind: str = "compute", stream: Any = None) -> _Open:
-        """`with tl.span(name, kind, stream):` times the work enqueued inside the block on `stream`.
+        """`with tl.span(name, kind, stream):` records the block.
 
         kind: compute, h2d, d2h, d2d, comm, host or wait. stream: a torch.cuda.Stream (it becomes the
         current stream inside the block), None for the current stream, or for host-clock spans
         (kind="host", or any span on a machine without CUDA) a row label such as "host" or "loader".
+        In kernels mode the span is a named range (record_function) over the work the block launched;
+        in events mode it is the stream's progress from the block's start to its end.
         """
         return self.begin(name, kind, stream)
 
     def mark(self, name: str, stream: Any = None) -> None:
-        """An instant: on a GPU, when `stream` (default: current) reaches this point; else host time."""
-        if self._frozen:
-            raise RuntimeError("this Timeline was rebuilt from stored spans; record into a new Timeline()")
-        if not self._cuda or isinstance(stream, str):
+        """An instant: in events mode when `stream` (default: current) reaches this point; else host time."""
+        self._check_writable()
+        if self._auto and not self._kernels.capturing and not isinstance(stream, str):
+            self._fall_back_to_events()
+        if self.mode != "events" or isinstance(stream, str):
             t = _host_ms(self.origin_ns)
-            self._add(name, MARK, stream or "host", t, t)
+            self._add(name, MARK, stream if isinstance(stream, str) else "host", t, t)
             return
         stream = stream if stream is not None else torch.cuda.current_stream(self._device())
         ev = self._event()
@@ -261,7 +315,8 @@ class Timeline:
     def spans(self) -> list[Span]:
         """All spans and marks recorded so far, in ms since this timeline's origin.
 
-        The one call that waits for the GPU: once, for the work recorded so far. Raises if a span is still open.
+        Events mode: the one call that waits for the GPU (once, for the work recorded so far).
+        Raises if a span is still open, or (kernels mode) inside its capture.
         """
         if self._open:
             names = ", ".join(repr(n) for n in self._open.values())
@@ -269,7 +324,11 @@ class Timeline:
                                "or call tl.end(handle)) before tl.spans()")
         if self._names:
             self._resolve()
-        return list(self._resolved)
+        out = list(self._resolved)
+        if self._kernels is not None:
+            out += self._kernels.resolve()
+            out.sort(key=lambda s: (s.start_ms, -s.end_ms))
+        return out
 
     def _resolve(self) -> None:
         cuda_events = any(isinstance(t, torch.cuda.Event) for t in self._t0)
@@ -286,6 +345,8 @@ class Timeline:
             self.anchor_uncertainty_ms = max(self.anchor_uncertainty_ms, (after - before) / 2)
         for name, kind, label, start, end in zip(self._names, self._kinds, self._labels, self._t0, self._t1,
                                                  strict=True):
+            if end == "range":
+                continue  # kernels mode: the range comes from the profiler's trace
             if isinstance(start, torch.cuda.Event):
                 t0 = anchor_ms - start.elapsed_time(anchor)
                 t1 = t0 if end is start else anchor_ms - end.elapsed_time(anchor)
@@ -303,15 +364,23 @@ class Timeline:
         self._t1.clear()
 
     # ---------------------------------------------------------------- several ranks
+    @property
+    def clock_uncertainty_ms(self) -> float:
+        """How far this timeline's GPU times may sit from the host clock (anchor or profiler mapping)."""
+        k = self._kernels.clock_uncertainty_ms if self._kernels is not None else 0.0
+        return max(self.anchor_uncertainty_ms, k)
+
     def export(self) -> dict[str, Any]:
         """This rank's spans and clock facts as plain data (picklable, JSON-able) for `Timeline.merge`."""
+        spans = self.spans()
         return {
             "rank": self.rank,
             "host": self.host,
+            "mode": self.mode,
             "origin_ns": self.origin_ns,
             "barrier_ms": list(self._barrier_ms) if self._barrier_ms else None,
-            "anchor_uncertainty_ms": self.anchor_uncertainty_ms,
-            "spans": [s.to_dict() for s in self.spans()],
+            "anchor_uncertainty_ms": self.clock_uncertainty_ms,
+            "spans": [s.to_dict() for s in spans],
         }
 
     def align(self, group: Any = None) -> None:
@@ -344,9 +413,10 @@ class Timeline:
         """Put several ranks' recordings (Timelines or `export()` dicts) on one time axis.
 
         clock="shared": ranks read the same host clock (one host: CLOCK_MONOTONIC), so only origins differ;
-        remaining skew is the CUDA anchors' uncertainty. clock="barrier": shift each rank so the exits of
-        the first `align()` barrier coincide; remaining skew is the spread of the second barrier's exits.
-        "auto" picks shared when all recordings come from one host.
+        remaining skew is the ranks' GPU-to-host clock uncertainty. clock="barrier": shift each rank so the
+        exits of the first `align()` barrier coincide; remaining skew is the spread of the second barrier's
+        exits (an estimate: a barrier's exits are not simultaneous). "auto" picks shared when all recordings
+        come from one host.
         """
         recs = [t.export() if isinstance(t, Timeline) else dict(t) for t in timelines]
         if not recs:
@@ -361,12 +431,14 @@ class Timeline:
             base = min(r["origin_ns"] for r in recs)
             shifts = [(r["origin_ns"] - base) / 1e6 for r in recs]
             skew = max(r.get("anchor_uncertainty_ms", 0.0) for r in recs)
+            note = "one host clock"
         elif clock == "barrier":
             if any(not r.get("barrier_ms") for r in recs):
                 raise ValueError("clock='barrier' needs every rank to have called tl.align() (gather() does)")
             shifts = [recs[0]["barrier_ms"][0] - r["barrier_ms"][0] for r in recs]
             second = [r["barrier_ms"][1] + s for r, s in zip(recs, shifts, strict=True)]
             skew = (max(second) - min(second)) + max(r.get("anchor_uncertainty_ms", 0.0) for r in recs)
+            note = "hosts aligned on a barrier: estimated"
         else:
             raise ValueError(f"clock must be 'auto', 'shared' or 'barrier', not {clock!r}")
         spans = []
@@ -377,50 +449,52 @@ class Timeline:
                 s.start_ms += shift
                 s.end_ms += shift
                 spans.append(s)
-        merged = cls.from_spans(spans)
+        modes = {r.get("mode") for r in recs}
+        merged = cls.from_spans(spans, mode=modes.pop() if len(modes) == 1 else None)
         merged.skew_ms = skew
+        merged.skew_note = note
         return merged
 
     # ---------------------------------------------------------------- stored spans, analyses, drawing
     @classmethod
-    def from_spans(cls, spans: Iterable[Span | dict[str, Any]]) -> Timeline:
-        """A read-only timeline of stored spans (e.g. a reference recording), to summarise and plot."""
+    def from_spans(cls, spans: Iterable[Span | dict[str, Any]], mode: str | None = None) -> Timeline:
+        """A read-only timeline of stored spans (e.g. a reference recording), to summarise and plot.
+
+        mode: how the spans were recorded ("kernels", "events", "host"), so the plot can say what bars mean.
+        """
         tl = cls(device="cpu", rank=0)
         tl._resolved = [s if isinstance(s, Span) else Span.from_dict(s) for s in spans]
         for s in tl._resolved:
-            _check_kind(s.kind, allow_mark=True)
+            check_kind(s.kind, allow_extra=True)
         tl._frozen = True
+        tl.mode = mode if mode is not None else "host"
         return tl
 
     def stats(self):
-        """Numbers about the recorded work: see `course_utils.timeline_stats.TimelineStats`."""
-        from .timeline_stats import timeline_stats
+        """Numbers about the recorded work: see `course_utils.timeline.stats.TimelineStats`."""
+        from .stats import timeline_stats
 
         return timeline_stats(self.spans())
 
     def plot(self, title: str | None = None, **kwargs: Any):
-        """An Nsight-style matplotlib Figure with the stats under it (see `course_utils.timeline_plot.plot`)."""
-        from .timeline_plot import plot
+        """An Nsight-style matplotlib Figure with the stats under it (see `course_utils.timeline.plot.plot`)."""
+        from .plot import plot
 
-        return plot(self.spans(), title=title, skew_ms=self.skew_ms, **kwargs)
+        kwargs.setdefault("mode", self.mode)
+        return plot(self.spans(), title=title, skew_ms=self.skew_ms, skew_note=self.skew_note, **kwargs)
 
     def to_chrome_trace(self, path: str | None = None) -> dict[str, Any]:
         """Chrome Trace Event JSON for Perfetto / chrome://tracing; written to `path` when given."""
-        from .timeline_trace import to_chrome_trace
+        from .trace import to_chrome_trace
 
         return to_chrome_trace(self.spans(), path)
 
     def __repr__(self) -> str:
-        clock = f"CUDA events on cuda:{self._device_index}" if self._cuda else "host clock"
-        n = len(self._resolved) + len(self._names)
-        return f"Timeline(rank={self.rank}, {clock}, {n} spans/marks)"
-
-
-def from_profiler(trace: Any, rank: int | None = None, host_ops: bool = True) -> list[Span]:
-    """Spans from a torch.profiler trace (a chrome-trace JSON path, its dict, or a profile object)."""
-    from .timeline_trace import from_profiler as _from_profiler
-
-    return _from_profiler(trace, rank=rank, host_ops=host_ops)
+        where = {"kernels": "torch.profiler kernels", "events": "CUDA events", "host": "host clock"}[self.mode]
+        if self._cuda and self._device_index is not None:
+            where += f" on cuda:{self._device_index}"
+        n = len(self._resolved) + len(self._names) + (len(self._kernels.spans) if self._kernels else 0)
+        return f"Timeline(rank={self.rank}, mode={self.mode!r}: {where}, {n} spans/marks)"
 
 
 def _dist_ready() -> bool:
