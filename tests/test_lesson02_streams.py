@@ -1,171 +1,29 @@
-"""Lesson 02 (CUDA streams): measurement helpers, the stream-split check against right and wrong runs,
-the reference recording, and the notebook's exercise cells with the solution and the wrong answer."""
+"""Lesson 02 (CUDA streams): the judges on plain data, both exercises against the master's solutions and the
+wrong answers (the CPU one here, the GPU one on a GPU), and the facts the notebook claims, checked on what
+the notebook measured (live on a GPU, or its reference recording)."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import random
+import re
 from pathlib import Path
 
-import matplotlib
 import pytest
 import torch
 
 from course_utils import checks, reference
-from course_utils import streams as st
-from course_utils.checks.streams import check_stream_split
-from course_utils.timeline import Timeline
+from course_utils.checks import streams as c02
 from tests.exercise_cells import exercise_cells, run_cells
-
-matplotlib.use("Agg")
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "02_cuda_streams.ipynb"
-EX = "ex02_stream_split"
+STEM = NOTEBOOK.stem
+WRONG = ROOT / "tests" / "wrong_answers" / STEM
+PREDICT, SPLIT = "ex02_predict_makespan", "ex02_stream_split"
 HAS_CUDA = torch.cuda.is_available()
-
-
-# ------------------------------------------------------------------------------ runs of the workload
-
-
-def one_side_stream(workload):  # everything on one side stream: no overlap
-    main, side = torch.cuda.current_stream(), torch.cuda.Stream()
-    side.wait_stream(main)
-    with torch.cuda.stream(side):
-        for chain in workload.chains:
-            for step in chain:
-                step()
-    main.wait_stream(side)
-
-
-def syncs_between_launches(workload):  # two streams, but the host waits after every launch
-    streams = [torch.cuda.Stream() for _ in workload.chains]
-    for stream, chain in zip(streams, workload.chains, strict=True):
-        with torch.cuda.stream(stream):
-            for step in chain:
-                step()
-                torch.cuda.synchronize()
-
-
-def forgets_wait_stream(workload):  # fast, but the current stream does not wait for the chains
-    streams = [torch.cuda.Stream() for _ in workload.chains]
-    for stream, chain in zip(streams, workload.chains, strict=True):
-        with torch.cuda.stream(stream):
-            for step in chain:
-                step()
-
-
-# ------------------------------------------------------------------------------ the check
-
-
-def test_without_a_gpu_the_check_skips_or_fails_under_require_gpu(monkeypatch, capsys):
-    """Pretend there is no GPU (so this runs on GPU machines too): skip normally, fail under COURSE_REQUIRE_GPU=1."""
-    monkeypatch.setattr(checks, "gpu_available", lambda: False)
-    monkeypatch.delenv("COURSE_REQUIRE_GPU", raising=False)
-    check_stream_split(st.split_chains_reference)
-    assert checks.SKIP_MARKER in capsys.readouterr().out
-    monkeypatch.setenv("COURSE_REQUIRE_GPU", "1")
-    with pytest.raises(checks.CheckFailed, match="needs a GPU"):
-        check_stream_split(st.split_chains_reference)
-
-
-@pytest.mark.gpu
-def test_check_passes_the_reference_split(capsys):
-    check_stream_split(st.split_chains_reference)
-    assert checks.PASS_MARKER in capsys.readouterr().out
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("run, message", [(st.run_on_one_stream, "speed-up"), (one_side_stream, "speed-up"),
-                                          (syncs_between_launches, "speed-up"), (forgets_wait_stream, "counts")])
-def test_check_fails_wrong_runs(run, message):
-    with pytest.raises(checks.CheckFailed, match=message):
-        check_stream_split(run)
-
-
-# ------------------------------------------------------------------------------ helpers
-
-
-def test_makespan_counts_compute_spans_only():
-    spans = [{"name": "a", "kind": "compute", "start_ms": 1.0, "end_ms": 4.0},
-             {"name": "b", "kind": "compute", "start_ms": 2.0, "end_ms": 6.5},
-             {"name": "h", "kind": "host", "start_ms": 0.0, "end_ms": 9.0}]
-    assert st.makespan_ms(spans) == pytest.approx(5.5)
-    assert st.makespan_ms(spans, kind="host") == pytest.approx(9.0)
-    with pytest.raises(ValueError, match="no 'comm' spans"):
-        st.makespan_ms(spans, kind="comm")
-
-
-def test_host_cost_per_op_is_measured_on_cpu():
-    us = st.host_cost_per_op_us("cpu", n=200)
-    assert 0 < us < 10_000
-
-
-@pytest.mark.gpu
-def test_sleep_kernels_overlap_on_side_streams():
-    one, two = st.sleep_on_streams(4, 4.0, 1), st.sleep_on_streams(4, 4.0, 2)
-    assert one["makespan_ms"] == pytest.approx(16.0, rel=0.25)
-    assert one["makespan_ms"] / two["makespan_ms"] > 1.6
-
-
-@pytest.mark.gpu
-def test_streams_do_not_help_full_or_launch_bound_work():
-    # 8192: each matmul fills the GPU for ~1.5 ms on an H100. (At 4096 a partly empty last wave of thread
-    # blocks left room, and 2 streams measured 1.3x faster on an H100: not a "fills the GPU" case.)
-    mm1, mm2 = st.matmul_on_streams(8192, 4, 1), st.matmul_on_streams(8192, 4, 2)
-    assert mm1["makespan_ms"] / mm2["makespan_ms"] < 1.2
-    t1, t2 = st.tiny_ops_on_streams(2, 200, 1), st.tiny_ops_on_streams(2, 200, 2)
-    # Where the loop is launch-bound, a second stream buys nothing. (A host that launches faster than the
-    # GPU runs tiny kernels makes the loop GPU-bound: seen on a 2xH200 host, where 2 streams were 1.8x.)
-    if st.launch_bound(t1):
-        assert t1["makespan_ms"] / t2["makespan_ms"] < 1.3
-
-
-def test_launch_bound_verdict():
-    assert st.launch_bound({"makespan_ms": 8.2, "host_launch_ms": 8.0})
-    assert not st.launch_bound({"makespan_ms": 0.74, "host_launch_ms": 0.40})
-
-
-@pytest.mark.gpu
-def test_legacy_default_stream_serialises_with_a_blocking_stream_only():
-    pairs = st.default_stream_pairs(4.0)
-    assert pairs["two side streams"]["makespan_ms"] < 0.75 * pairs["two side streams"]["serial_ms"]
-    blocking = pairs["default + blocking stream"]
-    assert blocking["makespan_ms"] > 0.9 * blocking["serial_ms"]
-
-
-@pytest.mark.gpu
-def test_handoff_orders_the_consumer_after_the_producer():
-    out = st.handoff(4.0)
-    assert out["y_ok"]
-    spans = {s["name"]: s for s in out["spans"]}
-    assert spans["consume: y = x * 2"]["start_ms"] >= spans["produce: sleep, then fill x"]["end_ms"] - 0.05
-
-
-# ------------------------------------------------------------------------------ the recording
-
-
-def test_reference_recording_is_complete_and_plots():
-    if "02_streams" not in reference.available():
-        pytest.skip("no reference recording 02_streams yet: make it on a GPU with "
-                    "python benchmarks/record_references.py 02_streams")
-    rec = reference.load("02_streams")
-    assert rec.provenance.get("gpu") and rec.provenance.get("torch") and rec.provenance.get("date")
-    for key in ("cycles_per_ms", "sleep", "default_stream", "handoff", "matmul", "tiny", "host_us_per_op", "exercise"):
-        assert key in rec.data, key
-    assert set(rec.data["default_stream"]) == {"two side streams", "default + side stream", "default + blocking stream"}
-    import matplotlib.pyplot as plt
-
-    figs = [Timeline.from_spans(r["spans"]).plot(title="t") for r in rec.data["sleep"].values()]
-    figs.append(st.plot_makespans(rec.data["sleep"]))
-    for fig in figs:
-        plt.close(fig)
-
-
-def test_recording_is_registered():
-    assert st.RECORDINGS == {"02_streams": st.record_lesson02}
-
-
-# ------------------------------------------------------------------------------ the notebook's exercise
 
 
 @pytest.fixture(scope="module")
@@ -173,37 +31,355 @@ def notebook() -> dict:
     return json.loads(NOTEBOOK.read_text())
 
 
-def test_notebook_exercise_metadata(notebook):
+def run_here(sources: list[str]) -> tuple[str, str | None]:
+    """Like exercise_cells.run_cells, in this process (no kernel start): the last cell's output and error name."""
+    ns: dict = {"__name__": "__lesson02__"}
+    out = io.StringIO()
+    for src in sources[:-1]:
+        exec(compile(src, "<cell>", "exec"), ns)
+    try:
+        with contextlib.redirect_stdout(out):
+            exec(compile(sources[-1], "<check cell>", "exec"), ns)
+    except Exception as err:  # noqa: BLE001 - the error's name is the verdict
+        return out.getvalue() + str(err), type(err).__name__
+    return out.getvalue(), None
+
+
+def wrong(ex: str) -> list[Path]:
+    return sorted(WRONG.glob(f"{ex}*.py"))
+
+
+# ------------------------------------------------------------------------------ the notebook's cells
+
+
+def test_exercise_cells_follow_the_convention(notebook):
     cells = [c for c in notebook["cells"] if c["cell_type"] == "code"]
-    meta = {c["metadata"]["nbgrader"]["grade_id"]: c["metadata"]["nbgrader"]
-            for c in cells if "nbgrader" in c["metadata"]}
-    assert meta[EX]["grade"] is True and meta[EX]["points"] > 0 and meta[EX]["locked"] is True
-    assert meta[f"{EX}_solution"]["solution"] is True
+    meta = {c["metadata"]["nbgrader"]["grade_id"]: c["metadata"]["nbgrader"] for c in cells
+            if "nbgrader" in c["metadata"]}
+    for ex, entry in ((PREDICT, "predict_makespan"), (SPLIT, "run_split")):
+        assert meta[ex]["grade"] is True and meta[ex]["locked"] is True and meta[ex]["points"] > 0
+        assert meta[f"{ex}_solution"]["solution"] is True and meta[f"{ex}_solution"]["grade"] is False
+        check_cell = next(c for c in cells if c["metadata"].get("nbgrader", {}).get("grade_id") == ex)
+        assert "".join(check_cell["source"]).strip() == f'check("{ex}", {entry})'
+        assert checks.exercise(ex).entry == entry
     assert any("parameters" in c["metadata"].get("tags", []) for c in cells)
 
 
-def test_notebook_exercise_with_solution(notebook, monkeypatch):
+def test_setup_cells_are_plain_python_and_define_the_workload_class(notebook):
+    setup = ["".join(c["source"]) for c in notebook["cells"]
+             if c["cell_type"] == "code" and "setup" in c["metadata"].get("tags", [])]
+    assert setup and not any(line.lstrip().startswith(("%", "!")) for s in setup for line in s.splitlines())
+    assert any("class SleepChains" in s for s in setup)  # lesson content, in the notebook
+
+
+def test_no_old_lesson_module_is_used(notebook):
+    src = "\n".join("".join(c["source"]) for c in notebook["cells"])
+    for old in ("host_device", "streams", "events", "copies"):  # the old lesson modules (being deleted)
+        assert not re.search(rf"\bcourse_utils\.{old}\b|from course_utils import [^\n]*\b{old}\b", src), old
+    assert not re.search(r"\bhid(e|es|ing)\b[^.]*\b(race|wait)", src, re.I)  # the default stream hides nothing
+
+
+def test_every_measurement_goes_through_the_recorder(notebook):
+    src = "\n".join("".join(c["source"]) for c in notebook["cells"] if c["cell_type"] == "code")
+    assert f'Recorder("{STEM}")' in src
+    assert len(taken_keys(notebook)) >= 10
+
+
+def taken_keys(nb: dict) -> set[str]:
+    src = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
+    return set(re.findall(r'rec\.take\("(\w+)"', src))
+
+
+# ------------------------------------------------------------------------------ ex02_predict_makespan (CPU)
+
+
+def test_model_on_hand_worked_schedules():
+    assert c02.model_makespan([]) == 0.0
+    assert c02.model_makespan([("sleep", "main", 3.0), ("sleep", "s1", 5.0), ("sleep", "main", 4.0)]) == 7.0
+    # fork/join: s1 after main's 4 ms, main's last kernel after s1 (4 + 6), then 1 ms
+    assert c02.model_makespan(c02.FIXED_SCHEDULES[1]) == 11.0
+    # a wait queued before any work covers nothing
+    assert c02.model_makespan([("wait", "s1", "main"), ("sleep", "main", 5.0), ("sleep", "s1", 5.0)]) == 5.0
+    # waits pass on: main waited for s1, which had waited for s2's 5 ms
+    assert c02.model_makespan(c02.FIXED_SCHEDULES[3]) == 6.0
+    with pytest.raises(ValueError, match="unknown operation"):
+        c02.model_makespan([("launch", "main", 1.0)])
+
+
+def test_master_solution_agrees_with_the_model_on_many_schedules(notebook):
+    ns: dict = {}
+    exec(exercise_cells(notebook, PREDICT, None)[-2], ns)  # the solution cell
+    rng = random.Random(2)
+    for _ in range(500):
+        schedule = c02.random_schedule(rng)
+        assert ns["predict_makespan"](list(schedule)) == pytest.approx(c02.model_makespan(schedule))
+
+
+def test_inputs_are_fresh_and_hold_every_fixed_schedule():
+    a, b = c02.predict_inputs(), c02.predict_inputs()
+    fixed = [list(s) for s in c02.FIXED_SCHEDULES]
+    assert all(s in a["schedules"] for s in fixed)
+    assert len(a["schedules"]) > len(fixed) and a != b  # random ones too, new each time (seeds differ)
+    assert checks.plain(a) == checks.plain(checks.plain(a))  # plain data, as the grader ships it
+
+
+def test_predict_judge_on_plain_data():
+    inputs = checks.plain({**c02.predict_inputs(seed=7), "gpu": False})
+    right = [c02.model_makespan(s) for s in inputs["schedules"]]
+    assert "all as the model predicts" in c02.predict_judge(inputs, {"predictions": right})
+    with pytest.raises(checks.CheckFailed, match="a makespan of"):
+        c02.predict_judge(inputs, {"predictions": [x + 1.0 for x in right]})
+    with pytest.raises(checks.CheckFailed, match="one prediction per schedule"):
+        c02.predict_judge(inputs, {"predictions": right[:-1]})
+    with pytest.raises(checks.CheckFailed, match="a number of milliseconds"):
+        c02.predict_judge(inputs, {"predictions": ["a Whatever, not a number"] + right[1:]})
+    with pytest.raises(checks.CheckFailed, match="a number of milliseconds"):
+        c02.predict_judge(inputs, {"predictions": [float("nan")] + right[1:]})
+
+
+def test_predict_probe_keeps_numbers_and_describes_the_rest():
+    inputs = {"schedules": [[["sleep", "main", 1.0]], [["sleep", "main", 2.0]]]}
+    seen = []
+
+    def answer(schedule):
+        seen.append(schedule)
+        schedule.append(("sleep", "main", 99.0))  # a mutating answer spoils nothing
+        return 3 if len(seen) == 1 else True
+
+    data = c02.predict_probe(answer, inputs)
+    assert data["predictions"][0] == 3.0 and type(data["predictions"][0]) is float
+    assert "not a number" in data["predictions"][1]  # a bool is not a makespan
+    assert seen[0][0] == ("sleep", "main", 1.0) and inputs["schedules"][0] == [["sleep", "main", 1.0]]
+
+
+def test_predict_master_solution_passes_in_a_fresh_kernel(notebook, monkeypatch):
     monkeypatch.delenv("COURSE_REQUIRE_GPU", raising=False)
-    text, error = run_cells(exercise_cells(notebook, EX, None))
+    text, error = run_cells(exercise_cells(notebook, PREDICT, None))
+    assert error is None and checks.PASS_MARKER in text, text
+
+
+def test_predict_main_wrong_answer_fails_in_a_fresh_kernel(notebook):
+    text, error = run_cells(exercise_cells(notebook, PREDICT, (WRONG / f"{PREDICT}.py").read_text()))
+    assert error == "CheckFailed" and "a makespan of" in text, text
+
+
+@pytest.mark.parametrize("path", wrong(PREDICT), ids=lambda p: p.stem)
+def test_predict_wrong_answers_fail(notebook, path):
+    text, error = run_here(exercise_cells(notebook, PREDICT, path.read_text()))
+    assert error == "CheckFailed", text
+    assert "a makespan of" in text or "a number of milliseconds" in text, text
+
+
+def test_predict_wrong_answers_cover_the_brief():
+    names = {p.stem.split("__")[-1] for p in wrong(PREDICT)}
+    assert {PREDICT, "ignores_waits", "waits_for_later_work", "waits_not_passed_on", "equal_to_anything"} <= names
+
+
+# ------------------------------------------------------------------------------ ex02_stream_split: the judge
+
+SPLIT_INPUTS = c02.split_inputs()
+
+
+def fake_run(n_streams: int = 3, *, start: float | None = None, parallel_steps: bool = False, step: float = 4.0,
+             n_steps: int | None = None, seen: list | None = None, final: list | None = None, host_ms: float = 0.3,
+             still_running: bool = True, extra_long: bool = False) -> dict:
+    """One probe run as plain data: the head start on the current stream, then the chains' sleep kernels."""
+    n, k, head = SPLIT_INPUTS["n_chains"], SPLIT_INPUTS["steps_per_chain"], SPLIT_INPUTS["head_start_ms"]
+    t0 = head + 0.01 if start is None else start
+    spins = [["stream 7", 0.0, head]]
+    free = {}
+    for c in range(n):
+        row = f"stream {13 + c % n_streams}"
+        for i in range(k if n_steps is None else n_steps):
+            begin = t0 if parallel_steps else free.get(row, t0)
+            spins.append([row if not parallel_steps else f"stream {100 + c * k + i}", begin, begin + step])
+            free[row] = begin + step + 0.005
+    if extra_long:
+        spins.append(["stream 13", t0, t0 + head])
+    want = [float(k)] * n
+    return {"spins": spins, "seen": want if seen is None else seen, "final": want if final is None else final,
+            "host_ms": host_ms, "head_still_running": still_running}
+
+
+def judge(*runs: dict) -> str:
+    return c02.split_judge(SPLIT_INPUTS, {"runs": list(runs)})
+
+
+def test_split_judge_passes_three_overlapped_chains():
+    detail = judge(fake_run(), fake_run(host_ms=30.0, still_running=True), fake_run())
+    assert "3 streams" in detail and "3.00x" in detail
+
+
+def test_split_judge_takes_the_best_run_for_timing_verdicts():
+    blocked_once = fake_run(host_ms=55.0, still_running=False)
+    assert "x" in judge(blocked_once, fake_run(), fake_run())
+    assert "x" in judge(fake_run(1), fake_run(3), fake_run(1))
+
+
+@pytest.mark.parametrize("runs, words", [
+    ([fake_run(1)] * 3, "the chains to overlap"),                               # one side stream
+    ([fake_run(2)] * 3, "the chains to overlap"),                               # 3 chains on 2 streams: 1.5x
+    ([fake_run(host_ms=60.0, still_running=False)] * 3, "return while the GPU"),  # synchronize() inside
+    ([fake_run(host_ms=5.0, still_running=False)] * 3, "return while the GPU"),   # host clock fooled, GPU not
+    ([fake_run(start=0.01)] * 3, "no step to start before"),                    # no input-side wait
+    ([fake_run(), fake_run(seen=[0.0, 0.0, 0.0]), fake_run()], "right after run_split returned"),  # no output wait
+    ([fake_run(parallel_steps=True)] * 3, "one after another"),                 # steps of a chain at once
+    ([fake_run(step=0.4)] * 3, "each step's sleep"),                            # shortened sleeps
+    ([fake_run(n_steps=2)] * 3, "step kernels"),                                # dropped steps
+    ([fake_run(extra_long=True)] * 3, "head start"),                            # an extra long kernel
+    ([fake_run(final=[4.0, 4.0, 3.0])] * 3, "once the GPU had finished"),       # a lost update
+    ([fake_run()] * 2, "measured runs"),
+])
+def test_split_judge_fails(runs, words):
+    with pytest.raises(checks.CheckFailed, match=words):
+        judge(*runs)
+
+
+def test_split_judge_refuses_what_is_not_plain_runs():
+    with pytest.raises(checks.CheckFailed, match="measured runs"):
+        c02.split_judge(SPLIT_INPUTS, {"runs": "ok"})
+    with pytest.raises(checks.CheckFailed, match="measured runs"):
+        c02.split_judge(SPLIT_INPUTS, {})
+
+
+def test_split_skips_without_a_gpu_and_fails_when_one_is_required(monkeypatch, capsys):
+    monkeypatch.setattr(checks, "gpu_available", lambda: False)  # the CPU behaviour, on any machine
+    monkeypatch.delenv("COURSE_REQUIRE_GPU", raising=False)
+    checks.check(SPLIT, lambda chains: None)
+    assert checks.SKIP_MARKER in capsys.readouterr().out
+    monkeypatch.setenv("COURSE_REQUIRE_GPU", "1")
+    with pytest.raises(checks.CheckFailed, match="needs a GPU"):
+        checks.check(SPLIT, lambda chains: None)
+
+
+def test_split_master_solution_in_a_fresh_kernel(notebook, monkeypatch):
+    monkeypatch.delenv("COURSE_REQUIRE_GPU", raising=False)
+    text, error = run_cells(exercise_cells(notebook, SPLIT, None))
     assert error is None, text
-    assert (checks.PASS_MARKER if HAS_CUDA else checks.SKIP_MARKER) in text
+    assert (checks.PASS_MARKER if HAS_CUDA else checks.SKIP_MARKER) in text, text
 
 
-def test_notebook_exercise_with_wrong_answer(notebook, monkeypatch):
-    monkeypatch.delenv("COURSE_REQUIRE_GPU", raising=False)
-    wrong = (ROOT / "tests" / "wrong_answers" / NOTEBOOK.stem / f"{EX}.py").read_text()
-    text, error = run_cells(exercise_cells(notebook, EX, wrong))
-    if HAS_CUDA:
-        assert error == "CheckFailed", text
-        assert "speed-up" in text
-    else:
-        assert error is None and checks.SKIP_MARKER in text, text
+# ------------------------------------------------------------------------------ ex02_stream_split on the GPU
+
+SPLIT_WRONG = {  # wrong answer -> what the check must say about it
+    SPLIT: "the chains to overlap",                                  # one side stream
+    f"{SPLIT}__changes_workload_class": "the chains to overlap",     # fake: the notebook's class sleeps less
+    f"{SPLIT}__sleeps_less": "each step's sleep",                    # fake: the steps rebuilt with shorter sleeps
+    f"{SPLIT}__drops_steps": "step kernels",
+    f"{SPLIT}__no_input_wait": "no step to start before",
+    f"{SPLIT}__no_output_wait": "right after run_split returned",
+    f"{SPLIT}__steps_in_parallel": "one after another",
+    f"{SPLIT}__synchronize_between_stages": "return while the GPU",  # host-blocking
+}
 
 
-def test_makespan_plot_draws_bars():
-    import matplotlib.pyplot as plt
+def test_every_split_wrong_answer_has_an_expected_verdict():
+    assert {p.stem for p in wrong(SPLIT)} == set(SPLIT_WRONG)
 
-    fig = st.plot_makespans({"one": {"makespan_ms": 4.0}, "two": {"makespan_ms": 2.0}})
-    texts = [t.get_text() for t in fig.axes[0].texts]
-    assert any("x2.00" in t for t in texts)
-    plt.close(fig)
+
+@pytest.mark.gpu
+def test_split_master_solution_passes_here(notebook):
+    text, error = run_here(exercise_cells(notebook, SPLIT, None))
+    assert error is None and checks.PASS_MARKER in text, text
+    print(f"\n[{SPLIT}] {text.strip()}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("stem", sorted(SPLIT_WRONG))
+def test_split_wrong_answers_fail_on_the_gpu(notebook, stem):
+    text, error = run_here(exercise_cells(notebook, SPLIT, (WRONG / f"{stem}.py").read_text()))
+    assert error == "CheckFailed", text
+    assert SPLIT_WRONG[stem] in text, text
+    print(f"\n[{stem}] {text.strip()[:300]}")
+
+
+# ------------------------------------------------------------------------------ the facts, as measured
+
+
+def _kernels(spans):
+    return [s for s in spans if s["kind"] == "compute"]
+
+
+def _makespan(spans):
+    ks = _kernels(spans)
+    return max(s["end_ms"] for s in ks) - min(s["start_ms"] for s in ks)
+
+
+def _busy(spans):
+    return sum(s["end_ms"] - s["start_ms"] for s in _kernels(spans))
+
+
+def _two_at_once(spans):
+    edges = sorted([(s["start_ms"], 1) for s in _kernels(spans)] + [(s["end_ms"], -1) for s in _kernels(spans)])
+    total, running, last = 0.0, 0, 0.0
+    for t, step in edges:
+        total += (t - last) if running >= 2 else 0.0
+        running, last = running + step, t
+    return total
+
+
+def check_facts(d: dict) -> list[str]:
+    """Every claim the notebook's prose makes about its measurements, on the measurements; returns a summary."""
+    out = []
+    assert d["cycles_per_ms"] > 1e5
+    f = d["first_side_stream"]
+    assert f["query_at_once"] is False and f["query_after_sync"] is True and f["y_ok"] is True, f
+    assert f["sync_ms"] > 0.5 * f["sleep_ms"], f  # synchronize() held the host for the side stream's sleep
+    sleep = {n: _makespan(s) for n, s in d["sleep"].items()}
+    one_kernel = _busy(d["sleep"]["1"]) / len(_kernels(d["sleep"]["1"]))
+    assert sleep["1"] == pytest.approx(_busy(d["sleep"]["1"]), rel=0.05)  # one stream: one after another
+    assert sleep["1"] / sleep["2"] > 1.6 and sleep["2"] / sleep["4"] > 1.5, sleep
+    out.append(f"sleep makespans {sleep} (kernels of {one_kernel:.2f} ms)")
+    pairs = {name: _makespan(s) / _busy(s) for name, s in d["default_stream"].items()}
+    assert pairs["two side streams"] < 0.75 and pairs["default + side stream"] < 0.75, pairs
+    assert pairs["default + blocking stream"] > 0.9, pairs
+    out.append(f"makespan / kernel time by pairing {pairs}")
+    ks = _kernels(d["handoff"]["spans"])
+    producer = next(k["stream"] for k in ks if "spin" in k["name"])
+    produced = max(k["end_ms"] for k in ks if k["stream"] == producer)
+    consumed = min(k["start_ms"] for k in ks if k["stream"] != producer)
+    assert consumed >= produced - 0.01 and d["handoff"]["y_ok"] is True
+    assert d["handoff"]["wait_host_us"] < 5000
+    out.append(f"hand-off gap {consumed - produced:.3f} ms, wait_stream {d['handoff']['wait_host_us']:.0f} us")
+    ran = [tuple(op) for op in d["schedule"]["schedule"]]
+    model, measured = c02.model_makespan(ran), _makespan(d["schedule"]["spans"])
+    assert measured == pytest.approx(model, rel=0.08, abs=0.3), (model, measured)
+    out.append(f"schedule: model {model:.2f} ms, measured {measured:.2f} ms")
+    mm1, mm2 = _makespan(d["matmul"]["1"]), _makespan(d["matmul"]["2"])
+    assert mm1 / mm2 < 1.2 and _two_at_once(d["matmul"]["2"]) < 0.1 * mm2, (mm1, mm2)
+    out.append(f"matmuls 1 vs 2 streams {mm1:.2f} / {mm2:.2f} ms, two at once {_two_at_once(d['matmul']['2']):.2f}")
+    t1, t2 = d["tiny"]["1"], d["tiny"]["2"]
+    if t1["gpu_ms"] <= 1.15 * t1["host_launch_ms"]:  # launch-bound here: a second stream buys nothing
+        assert t1["gpu_ms"] / t2["gpu_ms"] < 1.3, (t1, t2)
+    out.append(f"tiny ops {t1} / {t2}, {d['tiny']['host_us_per_op']:.1f} us per op")
+    assert len(_kernels(d["tiny_picture"])) >= 200
+    one, split = d["one_stream"], d["split"]
+    assert one["seen"] == one["want"] and split["seen"] == split["want"], (one["seen"], split["seen"])
+    assert _makespan(one["spans"]) == pytest.approx(_busy(one["spans"]), rel=0.05)
+    assert _makespan(split["spans"]) < 0.6 * _makespan(one["spans"])
+    out.append(f"chains: one stream {_makespan(one['spans']):.1f} ms, split {_makespan(split['spans']):.1f} ms")
+    return out
+
+
+def test_recording_holds_every_key_and_shows_the_facts(notebook):
+    if STEM not in reference.available():
+        pytest.skip(f"no reference recording {STEM!r} yet: make it on a GPU with "
+                    f"python benchmarks/record_references.py {STEM}")
+    rec = reference.load(STEM)
+    assert rec.provenance.get("gpu") and rec.provenance.get("torch") and rec.provenance.get("date")
+    assert taken_keys(notebook) <= set(rec.data), taken_keys(notebook) - set(rec.data)
+    check_facts(rec.data)
+
+
+@pytest.mark.gpu
+def test_the_notebook_on_this_gpu_shows_the_facts(tmp_path, monkeypatch):
+    """Execute the notebook as benchmarks/record_references.py does, then check every fact on what it measured."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    monkeypatch.setenv(reference.RECORD_ENV, str(tmp_path))  # inherited by the kernel
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(ROOT)}}).execute()
+    data = json.loads((tmp_path / f"{STEM}.json").read_text())["data"]
+    assert taken_keys(json.loads(NOTEBOOK.read_text())) <= set(data)
+    print("\n" + "\n".join(check_facts(data)))
