@@ -196,6 +196,7 @@ def fake_run(n_streams: int = 3, *, start: float | None = None, parallel_steps: 
             free[row] = begin + step + 0.005
     if extra_long:
         spins.append(["stream 13", t0, t0 + head])
+    spins.append(["stream 7", -0.5, -0.499])  # a one-cycle sleep (a timeline's stream probe): not a step
     want = [float(k)] * n
     return {"spins": spins, "seen": want if seen is None else seen, "final": want if final is None else final,
             "host_ms": host_ms, "head_still_running": still_running}
@@ -345,9 +346,13 @@ def check_facts(d: dict) -> list[str]:
     model, measured = c02.model_makespan(ran), _makespan(d["schedule"]["spans"])
     assert measured == pytest.approx(model, rel=0.08, abs=0.3), (model, measured)
     out.append(f"schedule: model {model:.2f} ms, measured {measured:.2f} ms")
-    mm1, mm2 = _makespan(d["matmul"]["1"]), _makespan(d["matmul"]["2"])
+    mm1, mm2, ev = _makespan(d["matmul"]["1"]), _makespan(d["matmul"]["2"]), d["matmul"]["2, events mode"]
     assert mm1 / mm2 < 1.2 and _two_at_once(d["matmul"]["2"]) < 0.1 * mm2, (mm1, mm2)
-    out.append(f"matmuls 1 vs 2 streams {mm1:.2f} / {mm2:.2f} ms, two at once {_two_at_once(d['matmul']['2']):.2f}")
+    per_kernel, per_span = (_busy(d["matmul"]["2"]) / len(_kernels(d["matmul"]["2"])),
+                            _busy(ev) / len(_kernels(ev)))
+    assert per_span > 1.3 * per_kernel and _two_at_once(ev) > 0.3 * _makespan(ev), (per_kernel, per_span)
+    out.append(f"matmuls 1 vs 2 streams {mm1:.2f} / {mm2:.2f} ms, two at once {_two_at_once(d['matmul']['2']):.2f}; "
+               f"event spans {per_span:.2f} ms for kernels of {per_kernel:.2f}, two at once {_two_at_once(ev):.2f}")
     t1, t2 = d["tiny"]["1"], d["tiny"]["2"]
     if t1["gpu_ms"] <= 1.15 * t1["host_launch_ms"]:  # launch-bound here: a second stream buys nothing
         assert t1["gpu_ms"] / t2["gpu_ms"] < 1.3, (t1, t2)
