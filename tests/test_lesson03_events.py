@@ -1,4 +1,5 @@
-"""Lesson 03 (CUDA events): the exercise check against the solution and wrong answers, and the demos."""
+"""Lesson 03 (CUDA events): the notebook's structure, the checks' judges on plain data, the exercises end to
+end with their wrong answers, and (marked gpu) the notebook's demonstrations and the GPU check."""
 
 from __future__ import annotations
 
@@ -7,144 +8,416 @@ import re
 from pathlib import Path
 
 import pytest
-import torch
 
-from course_utils import checks, events, reference
-from course_utils.checks import events as check03
-from course_utils.timeline import Timeline
+from course_utils import checks, reference
+from course_utils.checks import events as ev
+from tests.exercise_cells import exercise_cells, run_cells
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "03_cuda_events.ipynb"
 WRONG = ROOT / "tests" / "wrong_answers" / "03_cuda_events"
-EX = "ex03_fix_pipeline"
-MARKERS = re.compile(r"### BEGIN SOLUTION.*?### END SOLUTION\n?", re.S)
+STEM = "03_cuda_events"
+NB = json.loads(NOTEBOOK.read_text())
 
 
-def solution_source(notebook: Path, ex: str, replacement: str | None = None) -> str:
-    """The exercise's solution cell, or the cell with `replacement` in place of the marked part."""
-    nb = json.loads(notebook.read_text())
-    for cell in nb["cells"]:
-        if cell["metadata"].get("nbgrader", {}).get("grade_id") == f"{ex}_solution":
-            src = "".join(cell["source"])
-            assert MARKERS.search(src), f"{ex}: solution markers missing"
-            return src if replacement is None else MARKERS.sub(lambda _: replacement, src)
-    raise AssertionError(f"no solution cell for {ex} in {notebook.name}")
+def wrong_answers(ex: str) -> list[Path]:
+    return sorted(WRONG.glob(f"{ex}*.py"))
 
 
-def load(src: str, name: str):
-    ns = {"torch": torch, "events": events}
-    exec(compile(src, name, "exec"), ns)
+def cell(cid: str) -> str:
+    found = [c for c in NB["cells"] if c.get("id") == cid]
+    assert found, f"no cell {cid!r} in {NOTEBOOK.name}"
+    return "".join(found[0]["source"])
+
+
+def setup_sources() -> list[str]:
+    return ["".join(c["source"]) for c in NB["cells"]
+            if c["cell_type"] == "code" and "setup" in c["metadata"].get("tags", [])]
+
+
+# ----------------------------------------------------------------- the notebook
+def test_exercise_cells_follow_the_contract():
+    cells = {c.get("id"): c for c in NB["cells"]}
+    for ex, entry, points in (("ex03_predict_elapsed", "predict_elapsed", 2),
+                              ("ex03_fix_pipeline", "fixed_pipeline", 3)):
+        sol, chk = cells[f"{ex}_solution"], cells[ex]
+        assert sol["metadata"]["nbgrader"] == {"grade": False, "grade_id": f"{ex}_solution", "locked": False,
+                                               "schema_version": 3, "solution": True}
+        assert chk["metadata"]["nbgrader"] == {"grade": True, "grade_id": ex, "locked": True, "points": points,
+                                               "schema_version": 3, "solution": False}
+        assert "".join(chk["source"]).strip() == f'check("{ex}", {entry})'
+        src = "".join(sol["source"])
+        assert re.search(rf"^def {entry}\(", src, re.M) and "### BEGIN SOLUTION" in src and "### END SOLUTION" in src
+        assert checks.exercise(ex).entry == entry
+        assert (WRONG / f"{ex}.py").is_file() and len(wrong_answers(ex)) >= 4
+    assert any("parameters" in c["metadata"].get("tags", []) for c in NB["cells"])
+
+
+def test_setup_cells_are_plain_quick_python():
+    for src in setup_sources():
+        assert not re.search(r"^\s*[%!]", src, re.M), src
+        assert "rec.take" not in src and "gpu_sleep(" not in src.split("def ")[0]
+
+
+def test_the_code_is_in_the_notebook_not_in_old_lesson_modules():
+    text = "\n".join("".join(c["source"]) for c in NB["cells"] if c["cell_type"] == "code")
+    for old in ("events", "host_device", "streams", "copies"):
+        assert not re.search(rf"course_utils(\.| import ){old}\b", text), old
+    assert not (ROOT / "course_utils" / "events.py").exists()
+    assert not (ROOT / "course_utils" / "reference_data" / "03_events.json").exists()
+    for demo in ("with torch.cuda.stream(", ".wait_stream(", ".wait_event(", ".record_stream(", "elapsed_time(",
+                 "enable_cuda_sanitizer()", "Timeline(mode=\"kernels\")"):
+        assert demo in text, demo
+
+
+def test_no_claim_that_the_default_stream_hides_races():
+    prose = " ".join("".join(c["source"]) for c in NB["cells"] if c["cell_type"] == "markdown")
+    for sentence in re.split(r"(?<=[.!?])\s+", prose):
+        if "default stream" in sentence and re.search(r"\bhides?\b|synchroni[sz]es? with", sentence):
+            assert re.search(r"\bnot\b", sentence), sentence
+    assert "cudaStreamNonBlocking" in prose and "implicit synchronisation" in prose
+
+
+def test_first_side_stream_example_waits_for_the_current_stream():
+    src = cell("def-basics")
+    assert src.index("s.wait_stream(torch.cuda.current_stream())") < src.index("with torch.cuda.stream(s)")
+
+
+def test_prompts_ask_questions():
+    for cid in ("elapsed-after", "pipeline-prompt"):
+        assert cell(cid).count("?") >= 3, cid
+
+
+# ----------------------------------------------------------------- the course's model (ex03_predict_elapsed)
+def test_model_by_hand():
+    t = ev.model_event_times([("sleep", "a", 30), ("record", "a", "done"), ("record", "b", "s"),
+                              ("wait", "b", "done"), ("sleep", "b", 10), ("record", "b", "e")])
+    assert t == {"done": 30.0, "s": 0.0, "e": 40.0}
+    # waiting on an event never recorded does not wait (CUDA's rule)
+    assert ev.model_event_times([("wait", "b", "never"), ("sleep", "b", 2), ("record", "b", "e")])["e"] == 2.0
+    # a wait sees the event as last recorded before it, not a later record
+    t = ev.model_event_times([("record", "a", "x"), ("record", "b", "s"), ("wait", "b", "x"), ("sleep", "a", 50),
+                              ("record", "a", "x"), ("sleep", "b", 1), ("record", "b", "e")])
+    assert t["e"] == 1.0
+    with pytest.raises(ValueError, match="unknown operation"):
+        ev.model_event_times([("launch", "a", 1)])
+
+
+@pytest.mark.parametrize("case, want", [
+    ([30, 5, 5, 10], 35.0),  # b waits 20 ms for a
+    ([5, 5, 10, 10], 20.0),  # a was done long before
+    ([20, 0, 0, 5], 25.0),
+    ([12, 4, 6, 3], 11.0),  # a ends 2 ms after b reaches the wait
+])
+def test_model_elapsed(case, want):
+    assert ev._model_elapsed(case) == want
+
+
+def _elapsed_data(inputs, formula):
+    return {"predictions": [float(formula(*c)) for c in inputs["cases"]]}
+
+
+def right(a, b0, b1, b2):
+    return max(b0 + b1, a) + b2 - b0
+
+
+WRONG_FORMULAS = {
+    "only the last kernel": lambda a, b0, b1, b2: b2,
+    "ignores the wait": lambda a, b0, b1, b2: b1 + b2,
+    "from time zero": lambda a, b0, b1, b2: max(b0 + b1, a) + b2,
+    "adds all of a": lambda a, b0, b1, b2: b1 + a + b2,
+    "wait from start": lambda a, b0, b1, b2: max(a, b1) + b2,
+    "a plus the kernel": lambda a, b0, b1, b2: a + b2,
+}
+
+
+def test_elapsed_inputs_are_fresh_and_catch_every_misreading():
+    for _ in range(200):
+        inputs = ev._elapsed_inputs()
+        assert ev._elapsed_judge(inputs, _elapsed_data(inputs, right))
+        for formula in WRONG_FORMULAS.values():
+            with pytest.raises(checks.CheckFailed):
+                ev._elapsed_judge(inputs, _elapsed_data(inputs, formula))
+    assert ev._elapsed_inputs() != ev._elapsed_inputs()
+
+
+def test_elapsed_judge_names_the_misreading():
+    inputs = {"cases": [[30.0, 5.0, 5.0, 10.0]]}
+    for formula, words in ((WRONG_FORMULAS["only the last kernel"], "last kernel alone"),
+                           (WRONG_FORMULAS["ignores the wait"], "before stream a's kernel is done"),
+                           (WRONG_FORMULAS["from time zero"], "counts from time 0")):
+        with pytest.raises(checks.CheckFailed, match=words):
+            ev._elapsed_judge(inputs, _elapsed_data(inputs, formula))
+    with pytest.raises(checks.CheckFailed, match="return a number"):
+        ev._elapsed_judge(inputs, {"predictions": ["a builtins.object"]})
+    with pytest.raises(checks.CheckFailed, match="1 predictions"):
+        ev._elapsed_judge(inputs, {"predictions": []})
+
+
+def test_elapsed_probe_turns_answers_into_plain_numbers():
+    class Anything:
+        def __eq__(self, other):
+            return True
+
+    inputs = {"cases": [[1.0, 2.0, 3.0, 4.0]]}
+    assert ev._elapsed_probe(lambda *a: 3, inputs) == {"predictions": [3.0]}
+    assert ev._elapsed_probe(lambda *a: True, inputs)["predictions"][0].startswith("a builtins.bool")
+    assert type(ev._elapsed_probe(lambda *a: Anything(), inputs)["predictions"][0]) is str
+
+
+# ----------------------------------------------------------------- ex03_fix_pipeline's judge on plain data
+def _pipeline_data(inputs, *, wrong=None, host_ms=0.8, kernels=None):
+    """What the probe would return for a correct, overlapped answer; `wrong` spoils one run kind's results."""
+    n, stage = inputs["n"], inputs["stage_ms"]
+    runs = []
+    for spec in inputs["runs"]:
+        samples = [[2 * ev.chunk_value(j, a, b) + 1 for j in inputs["sample"]] for a, b in spec["seeds"]]
+        if wrong == spec["kind"]:
+            samples[-1] = [2 * ev.SENTINEL + 1] * len(inputs["sample"])
+        r = {"host_ms": host_ms if spec["kind"] != "timed" else 0.5, "mallocs": 0, "samples": samples}
+        if spec["kind"] == "timed":
+            overlapped = ([[i * stage, (i + 1) * stage, "producer"] for i in range(n)]
+                          + [[(i + 1) * stage, (i + 2) * stage, "consumer"] for i in range(n)])
+            r["kernels"] = overlapped if kernels is None else kernels(n, stage)
+        runs.append(r)
+    return {"runs": runs}
+
+
+@pytest.fixture(scope="module")
+def pipe_inputs():
+    return ev._pipeline_inputs()
+
+
+def test_pipeline_inputs(pipe_inputs):
+    seeds = [tuple(s) for run in pipe_inputs["runs"] for s in run["seeds"]] + [tuple(s) for s in pipe_inputs["warmup"]]
+    assert len(seeds) == len(set(seeds)) == (len(ev.RUN_KINDS) + 1) * ev.PIPE_CHUNKS
+    assert {r["kind"] for r in pipe_inputs["runs"]} == {"late_inputs", "late_consumer", "timed"}
+    assert len(pipe_inputs["sample"]) == ev.SAMPLES and max(pipe_inputs["sample"]) < ev.PIPE_NUMEL
+    assert pipe_inputs["delay_ms"] > (ev.PIPE_CHUNKS + 1) * ev.STAGE_MS  # the late consumer is still queued
+    assert checks.plain(pipe_inputs) == pipe_inputs
+    assert ev._pipeline_inputs()["runs"] != pipe_inputs["runs"]
+
+
+def test_chunk_values_are_exact_in_float32():
+    import torch
+
+    j = torch.arange(0, ev.PIPE_NUMEL, 9973, dtype=torch.int64)
+    x = ((j * 4098 + 17) % ev.MOD).to(torch.float32) / ev.SCALE
+    assert (2 * x + 1).tolist() == [2 * ev.chunk_value(int(i), 4098, 17) + 1 for i in j]
+
+
+def test_pipeline_judge_passes_a_correct_overlapped_answer(pipe_inputs):
+    detail = ev.judge_pipeline(pipe_inputs, _pipeline_data(pipe_inputs))
+    assert "1.71" in detail  # 12 stage kernels of 5 ms in 35 ms
+
+
+@pytest.mark.parametrize("spoil, words", [
+    ({"wrong": "late_inputs"}, "chunks are written late"),
+    ({"wrong": "late_consumer"}, "new tensors are allocated on the producer stream"),
+    ({"wrong": "timed"}, "timed runs"),
+    ({"host_ms": 61.0}, "return within 30 ms"),
+    ({"kernels": lambda n, s: [[2 * i * s, (2 * i + 1) * s, "producer"] for i in range(2 * n)]}, "two streams"),
+    ({"kernels": lambda n, s: [[i * s, (i + 1) * s, "p" if i % 2 else "c"] for i in range(2 * n)]}, "overlapping"),
+    ({"kernels": lambda n, s: [[0.0, s, "a"]] * (3 * n)}, "12 stage kernels"),
+    ({"kernels": lambda n, s: [[0.0, 0.1, "a"]] * (2 * n)}, "12 stage kernels"),  # too short to be stages
+])
+def test_pipeline_judge_fails(pipe_inputs, spoil, words):
+    with pytest.raises(checks.CheckFailed, match=words):
+        ev.judge_pipeline(pipe_inputs, _pipeline_data(pipe_inputs, **spoil))
+
+
+def test_pipeline_judge_fails_malformed_answers(pipe_inputs):
+    with pytest.raises(checks.CheckFailed, match="float32 CUDA tensors"):
+        ev.judge_pipeline(pipe_inputs, {"error": "result 0 is a __main__.Anything"})
+    data = _pipeline_data(pipe_inputs)
+    data["runs"] = data["runs"][:2]
+    with pytest.raises(checks.CheckFailed, match="7 runs"):
+        ev.judge_pipeline(pipe_inputs, data)
+    data = _pipeline_data(pipe_inputs)
+    data["runs"][0]["samples"][0] = [float(v) for v in range(3)]  # too few values: wrong, not a crash
+    with pytest.raises(checks.CheckFailed, match="1 of 12 chunks wrong"):
+        ev.judge_pipeline(pipe_inputs, data)
+
+
+def test_shape_problems_are_reported():
+    import torch
+
+    assert ev._shape_problem([torch.zeros(4)] * 2, 3, 4).startswith("list of length 2")
+    assert "cpu" in ev._shape_problem([torch.zeros(4)] * 3, 3, 4)
+    assert ev._shape_problem(None, 3, 4).startswith("NoneType")
+
+    class Sub(torch.Tensor):
+        pass
+
+    assert "Sub" in ev._shape_problem([torch.zeros(4).as_subclass(Sub)] * 3, 3, 4)
+
+
+# ----------------------------------------------------------------- the exercises end to end, as a notebook runs them
+def test_predict_elapsed_solution_passes():
+    text, error = run_cells(exercise_cells(NB, "ex03_predict_elapsed", None))
+    assert error is None and checks.PASS_MARKER in text, text
+
+
+@pytest.mark.parametrize("path", wrong_answers("ex03_predict_elapsed"), ids=lambda p: p.stem)
+def test_predict_elapsed_wrong_answers_fail(path):
+    text, error = run_cells(exercise_cells(NB, "ex03_predict_elapsed", path.read_text()))
+    assert error == "CheckFailed", text
+
+
+def test_fix_pipeline_skips_on_cpu(monkeypatch):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("the CPU behaviour; the GPU check has its own tests")
+    monkeypatch.delenv("COURSE_REQUIRE_GPU", raising=False)
+    text, error = run_cells(exercise_cells(NB, "ex03_fix_pipeline", None))
+    assert error is None and checks.SKIP_MARKER in text, text
+
+
+def test_recording_when_made():
+    if STEM not in reference.available():
+        pytest.skip(f"no reference recording {STEM} yet: python benchmarks/record_references.py {STEM}")
+    rec = reference.load(STEM)
+    assert rec.provenance.get("gpu") and "recorded on" in rec.label()
+    assert {"basics", "record_cost", "elapsed", "schedules", "order", "race", "sanitizer", "reuse",
+            "pipeline_broken", "pipeline_fixed"} <= set(rec.data)
+
+
+# ----------------------------------------------------------------- GPU: the check, and the notebook's claims
+def notebook_namespace(*cell_ids: str, solution_of: str | None = None) -> dict:
+    """The notebook's setup cells and the given cells (and an exercise's solution cell), executed here."""
+    ns: dict = {}
+    sources = setup_sources() + [cell(c) for c in cell_ids]
+    if solution_of:
+        sources.append(cell(f"{solution_of}_solution"))
+    for i, src in enumerate(sources):
+        exec(compile(src, f"<03_cuda_events cell {i}>", "exec"), ns)
+    return ns
+
+
+def pipeline_answer(replacement: str | None):
+    ns: dict = {}
+    sources = exercise_cells(NB, "ex03_fix_pipeline", replacement)[:-1]  # without the check cell
+    for i, src in enumerate(sources):
+        exec(compile(src, f"<03 pipeline {i}>", "exec"), ns)
     return ns["fixed_pipeline"]
 
 
-def wrong_answers() -> list[Path]:
-    return sorted(WRONG.glob(f"{EX}*.py"))
+@pytest.mark.gpu
+def test_pipeline_check_passes_the_solution(capsys):
+    checks.check("ex03_fix_pipeline", pipeline_answer(None))
+    out = capsys.readouterr().out
+    print(out)
+    assert checks.PASS_MARKER in out
 
 
-def test_exercise_cells_follow_the_convention():
-    nb = json.loads(NOTEBOOK.read_text())
-    meta = [c["metadata"].get("nbgrader") for c in nb["cells"] if c["metadata"].get("nbgrader")]
-    assert meta[0] == {"solution": True, "grade": False, "locked": False, "grade_id": f"{EX}_solution",
-                       "schema_version": 3}
-    assert meta[1]["grade_id"] == EX and meta[1]["grade"] and meta[1]["locked"] and meta[1]["points"] > 0
-    assert any("parameters" in c["metadata"].get("tags", []) for c in nb["cells"])
-    assert wrong_answers(), "no wrong answer for the exercise"
+PIPELINE_FAILURES = {
+    "ex03_fix_pipeline": "chunks are written late",
+    "ex03_fix_pipeline__event_too_early": "chunks are written late",
+    "ex03_fix_pipeline__sync_between_stages": "return within",
+    "ex03_fix_pipeline__wait_on_host": "return within",
+    "ex03_fix_pipeline__no_record_stream": "new tensors are allocated on the producer stream",
+    "ex03_fix_pipeline__one_stream": "two streams",
+    "ex03_fix_pipeline__extra_kernels": "stage kernels of about",
+    "ex03_fix_pipeline__equal_to_anything": "float32 CUDA tensors",
+}
 
 
-def test_judge_passes_correct_overlapped():
-    check03.judge_pipeline(0, 12, 1.8, 2)
-
-
-@pytest.mark.parametrize("wrong_runs, conc, rows, words", [
-    (3, 1.8, 2, "correct results"),     # overlapped but racy
-    (0, 1.0, 2, "overlapping"),         # correct but serial (one stream, or a synchronize per chunk)
-    (0, 1.0, 1, "two streams"),         # everything on one row
-])
-def test_judge_fails_wrong_facts(wrong_runs, conc, rows, words):
-    with pytest.raises(checks.CheckFailed, match=words):
-        check03.judge_pipeline(wrong_runs, 12, conc, rows)
-
-
-def _spans(overlapped: bool) -> list[dict]:
-    out = []
-    for i in range(4):
-        p0 = 5.0 * i if overlapped else 10.0 * i
-        c0 = p0 + 5.0
-        out.append({"name": f"produce {i}", "kind": "compute", "rank": 0, "stream": "producer",
-                    "start_ms": p0, "end_ms": p0 + 5})
-        out.append({"name": f"consume {i}", "kind": "compute", "rank": 0, "stream": "consumer",
-                    "start_ms": c0, "end_ms": c0 + 5})
-    return out
-
-
-def test_concurrency_from_timeline_stats():
-    over = check03.concurrency(Timeline.from_spans(_spans(True)).stats())
-    serial = check03.concurrency(Timeline.from_spans(_spans(False)).stats())
-    assert over == pytest.approx(40 / 25)
-    assert serial == pytest.approx(1.0)
-    assert over >= check03.MIN_CONCURRENCY > serial
-
-
-def test_check_skips_without_gpu_and_fails_when_gpu_required(capsys, monkeypatch):
-    fn = load(solution_source(NOTEBOOK, EX), "solution")
-    monkeypatch.setattr(checks, "gpu_available", lambda: False)  # the CPU behaviour, on any machine
-    monkeypatch.delenv("COURSE_REQUIRE_GPU", raising=False)
-    check03.check_fixed_pipeline(fn)
-    assert checks.SKIP_MARKER in capsys.readouterr().out
-    monkeypatch.setenv("COURSE_REQUIRE_GPU", "1")
-    with pytest.raises(checks.CheckFailed, match="needs a GPU"):
-        check03.check_fixed_pipeline(fn)
-
-
-def test_sanitizer_report_starts_at_the_report():
-    out = "Traceback ...\nnoise\nCSAN detected a possible data race on tensor with data pointer 1\nAccess by stream 2"
-    assert events.sanitizer_report(out).startswith("CSAN detected")
-    assert events.sanitizer_report("no report here").endswith("no report here")
-
-
-def test_reference_recording_has_provenance_and_every_part():
-    rec = reference.load("03_events")
-    assert rec.provenance.get("gpu") and rec.provenance.get("date") and "recorded on" in rec.label()
-    assert {"cycles_per_ms", "basics", "spans_wait", "spans_no_wait", "race", "sanitizer", "reuse",
-            "pipeline"} <= set(rec.data)
-    Timeline.from_spans(rec.data["pipeline"]["spans"]).stats()
+def test_every_pipeline_wrong_answer_has_an_expected_failure():
+    assert {p.stem for p in wrong_answers("ex03_fix_pipeline")} == set(PIPELINE_FAILURES)
 
 
 @pytest.mark.gpu
-def test_check_passes_the_solution():
-    check03.check_fixed_pipeline(load(solution_source(NOTEBOOK, EX), "solution"))
+@pytest.mark.parametrize("path", wrong_answers("ex03_fix_pipeline"), ids=lambda p: p.stem)
+def test_pipeline_check_fails_wrong_answers(path):
+    with pytest.raises(checks.CheckFailed, match=PIPELINE_FAILURES[path.stem]) as err:
+        checks.check("ex03_fix_pipeline", pipeline_answer(path.read_text()))
+    print(err.value)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("path", wrong_answers(), ids=lambda p: p.stem)
-def test_check_fails_wrong_answers(path):
-    fn = load(solution_source(NOTEBOOK, EX, path.read_text()), path.name)
-    with pytest.raises(checks.CheckFailed):
-        check03.check_fixed_pipeline(fn)
-
-
-@pytest.mark.gpu
-def test_race_reproduced_and_fixed_by_the_wait():
-    assert events.race_trials(10, wait=False)["wrong"] >= 8
-    assert events.race_trials(10, wait=True)["wrong"] == 0
-
-
-@pytest.mark.gpu
-def test_elapsed_time_matches_the_sleep():
-    b = events.event_basics(sleep=10.0)
+def test_event_basics_and_elapsed_time():
+    ns = notebook_namespace("def-basics", "def-elapsed", "def-schedule")
+    b = ns["event_basics"](10.0)
+    print(b)
     assert b["query_before"] is False and b["query_after"] is True
-    assert 8.0 < b["elapsed_ms"] < 13.0
+    assert 8.5 < b["elapsed_ms"] < 12.0 and b["host_wait_ms"] > 5.0 and b["queued_ms"] < 5.0
+    wait = min(ns["elapsed_with_wait"](30.0, 10.0) for _ in range(2))
+    idle = min(ns["elapsed_with_idle"](20.0, 10.0) for _ in range(2))
+    print(f"elapsed with a 30 ms wait and a 10 ms kernel: {wait:.2f} ms; with a 20 ms host pause: {idle:.2f} ms")
+    assert 38.0 < wait < 44.0 and 28.0 < idle < 40.0
+    for s in ns["SCHEDULES"]:
+        got = ns["run_schedule"](*s)
+        print(f"schedule {s}: measured {got:.2f} ms, model {ev._model_elapsed(list(s)):.2f} ms")
+        assert abs(got - ev._model_elapsed(list(s))) < 1.0
 
 
 @pytest.mark.gpu
-def test_record_stream_prevents_early_reuse():
-    without, with_rs = events.reuse_demo(False), events.reuse_demo(True)
-    assert without["reused_address"] and not without["correct"]
-    assert not with_rs["reused_address"] and with_rs["correct"]
+def test_elapsed_timeline_shows_the_short_kernel():
+    ns = notebook_namespace("def-elapsed")
+    r = ns["elapsed_on_a_timeline"](30.0, 10.0)
+    b = ns["kernels_on"](r["spans"], "stream b")
+    print(r["elapsed_ms"], [(s["name"], s["end_ms"] - s["start_ms"]) for s in b])
+    assert b and 8.5 < sum(s["end_ms"] - s["start_ms"] for s in b) < 12.0 and r["elapsed_ms"] > 38.0
 
 
 @pytest.mark.gpu
-def test_sanitizer_catches_the_race():
-    r = events.run_sanitizer()
-    assert r["detected"], r["report"]
-    assert "with the wait: no report" in r["stdout"]
+def test_ordering_with_and_without_the_wait():
+    ns = notebook_namespace("def-order")
+    with_wait = ns["producer_consumer_timeline"](True, 20.0, 1 << 20)
+    without = ns["producer_consumer_timeline"](False, 20.0, 1 << 20)
+    print(with_wait["correct"], without["correct"], without["out_first"])
+    assert with_wait["correct"] and not without["correct"]
+
+
+@pytest.mark.gpu
+def test_race_hides_behind_cudamalloc_and_shows_with_a_warm_allocator():
+    ns = notebook_namespace("def-race")
+    for _ in range(3):
+        cold = ns["default_then_side"]("cold", False, 50.0, 1 << 20)
+        warm = ns["default_then_side"]("warm", False, 50.0, 1 << 20)
+        fixed = ns["default_then_side"]("warm", True, 50.0, 1 << 20)
+        print(cold, warm, fixed, sep="\n")
+        assert cold["cudaMalloc"] >= 1 and cold["y_sum"] == cold["want"]
+        assert warm["cudaMalloc"] == 0 and warm["y_sum"] == 0.0
+        assert fixed["cudaMalloc"] == 0 and fixed["y_sum"] == fixed["want"]
+
+
+@pytest.mark.gpu
+def test_record_stream_keeps_the_block():
+    ns = notebook_namespace("def-race", "def-reuse")
+    without, with_rs = (ns["reuse_across_streams"](rs, 50.0, 1 << 20) for rs in (False, True))
+    print(without, with_rs, sep="\n")
+    assert without["z_got_x_block"] and not without["y_correct"] and without["cudaMalloc"] == 0
+    assert not with_rs["z_got_x_block"] and with_rs["y_correct"]
+
+
+@pytest.mark.gpu
+def test_sanitizer_in_a_fresh_kernel():
+    # A fresh kernel: importing the sanitizer turns on GPU trace hooks for the rest of a process's life.
+    probe = ("import json\nprint(json.dumps({\n"
+             " 'warm': under_sanitizer(lambda: default_then_side('warm', False, 50.0, 1 << 20)),\n"
+             " 'cold': under_sanitizer(lambda: default_then_side('cold', False, 50.0, 1 << 20)),\n"
+             " 'wait': under_sanitizer(lambda: default_then_side('warm', True, 50.0, 1 << 20)),\n"
+             " 'reuse': under_sanitizer(lambda: reuse_across_streams(False, 50.0, 1 << 20))}))")
+    text, error = run_cells(setup_sources() + [cell("def-race"), cell("def-sanitizer"), cell("def-reuse"), probe])
+    assert error is None, text
+    r = json.loads(text)
+    print(json.dumps(r, indent=1))
+    for race in ("warm", "cold"):
+        assert r[race]["raised"].startswith("CUDASanitizerErrors") and r[race]["first line"].startswith("CSAN detected")
+        assert "y = x * 2" in r[race]["this access"] and "fill_" in r[race]["previous access"]
+    assert r["wait"]["raised"] is None and r["wait"]["returned"]["y_sum"] == r["wait"]["returned"]["want"]
+    assert r["reuse"]["raised"] is None and r["reuse"]["returned"]["y_correct"] is False
+
+
+@pytest.mark.gpu
+def test_pipeline_demo_broken_and_fixed():
+    ns = notebook_namespace("def-pipeline", solution_of="ex03_fix_pipeline")
+    broken = ns["run_pipeline"](ns["broken_pipeline"], 6, 1 << 20, 5.0)
+    fixed = ns["run_pipeline"](ns["fixed_pipeline"], 6, 1 << 20, 5.0)
+    spins = [s for s in fixed["spans"] if s["kind"] == "compute" and ev.SPIN in s["name"]]
+    busy = sum(s["end_ms"] - s["start_ms"] for s in spins)
+    span = max(s["end_ms"] for s in spins) - min(s["start_ms"] for s in spins)
+    print(f"broken: {broken['wrong']} wrong; fixed: {fixed['wrong']} wrong, busy/makespan {busy / span:.2f}")
+    assert broken["wrong"] > 0 and fixed["wrong"] == 0 and busy / span > ev.MIN_CONCURRENCY

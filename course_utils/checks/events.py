@@ -1,53 +1,360 @@
-"""Checks for lesson 03 (CUDA events)."""
+"""Checks for lesson 03 (CUDA events).
+
+ex03_predict_elapsed (any machine): what `start.elapsed_time(end)` reports for a schedule of kernels,
+markers and a wait on two streams, judged against the course's model of streams (`model_event_times`).
+
+ex03_fix_pipeline (GPU): `fixed_pipeline(chunks, producer, consumer, stage_ms)` must give the right
+results when the GPU is slow where a race would show, keep the host free, and overlap the two streams.
+The probe makes its own inputs and streams and runs the answer in three kinds of runs:
+- "late_inputs": the current stream is busy for `delay_ms` before it writes the chunks. A consumer that
+  does not wait for the producer's work (or waits on a marker recorded before it) reads `y` before it
+  is written; a host that waits for the GPU is caught here (the call takes about `delay_ms`).
+- "late_consumer": the consumer stream is busy for `delay_ms` before the pipeline starts, and right after
+  the answer returns the probe allocates new tensors on the producer stream and fills them. Without
+  `record_stream` (or another lifetime guard) the caching allocator hands them `y`'s blocks, so the
+  consumer, still queued, reads the fill.
+- "timed": a kernels-mode Timeline of the probe's own; only its `torch.cuda._sleep` kernels (the stages)
+  are judged: 2n of them, on at least two streams, overlapping.
+Before the runs the probe fills the caching allocator's cache on all three streams: a cudaMalloc between
+two streams' commands keeps them from running concurrently (CUDA's implicit synchronisation) and would
+hide exactly the races these runs look for.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import numbers
+import random
+import time
 from typing import Any
 
-from . import expect, needs_gpu, passed
+from . import Exercise, close, expect, register
 
+EX_ELAPSED = "ex03_predict_elapsed"
 EX_PIPELINE = "ex03_fix_pipeline"
-MIN_CONCURRENCY = 1.3  # summed busy time of the rows / makespan; 1.0 means the two streams never overlap
 
 
-def concurrency(stats: Any) -> float:
-    """How many rows are busy at once on average: the rows' busy time summed, over the makespan."""
-    busy = sum(row.busy_ms for row in stats.rows.values())
-    return busy / stats.makespan_ms if stats.makespan_ms > 0 else 0.0
+# ----------------------------------------------------------------- the course's model of streams and events
+def model_event_times(ops: list[tuple[str, str, Any]]) -> dict[str, float]:
+    """When each event completes (ms), for operations the host queues at time 0, in this order.
+
+    ops: ("sleep", stream, ms) a kernel that runs `ms`; ("record", stream, event) a marker;
+    ("wait", stream, event) the stream's later work starts only once `event`, as last recorded before
+    this call, is complete (an event never recorded counts as complete, as in CUDA). Each stream runs
+    its queue in order, each item as soon as the one before it is done; queueing costs no time.
+    """
+    clock: dict[str, float] = {}
+    done: dict[str, float] = {}
+    for op, stream, arg in ops:
+        t = clock.get(stream, 0.0)
+        if op == "sleep":
+            t += float(arg)
+        elif op == "record":
+            done[arg] = t
+        elif op == "wait":
+            t = max(t, done.get(arg, 0.0))
+        else:
+            raise ValueError(f"unknown operation {op!r} (sleep, record or wait)")
+        clock[stream] = t
+    return done
 
 
-def judge_pipeline(wrong_runs: int, runs: int, conc: float, n_rows: int) -> None:
-    """The verdict on measured facts (kept apart so it is testable without a GPU)."""
-    expect(wrong_runs == 0, EX_PIPELINE, f"correct results in all {runs} runs", f"{wrong_runs} runs with wrong results",
-           hint="the consumer stream must wait for an event the producer recorded *after* its work")
-    expect(n_rows >= 2, EX_PIPELINE, "spans on two streams (producer and consumer)", f"{n_rows} row(s) on the timeline",
-           hint="keep the tl.span(..., stream=producer/consumer) blocks of the broken pipeline")
-    expect(conc >= MIN_CONCURRENCY, EX_PIPELINE,
-           f"the two streams overlapping (busy time / makespan >= {MIN_CONCURRENCY})", f"{conc:.2f}",
-           hint="wait on the GPU (stream.wait_event), per chunk; a host synchronize or a single stream serialises")
+def elapsed_schedule(a_ms: float, b0_ms: float, b1_ms: float, b2_ms: float) -> list[tuple[str, str, Any]]:
+    """The exercise's schedule as model operations (`b.wait_stream(a)` records a marker on a, then waits on it)."""
+    return [("sleep", "a", a_ms),
+            ("sleep", "b", b0_ms), ("record", "b", "start"), ("sleep", "b", b1_ms),
+            ("record", "a", "a so far"), ("wait", "b", "a so far"),
+            ("sleep", "b", b2_ms), ("record", "b", "end")]
 
 
-def check_fixed_pipeline(pipeline: Callable, runs: int = 12, n_chunks: int = 6, stage_ms: float = 3.0) -> None:
-    """`pipeline(chunks, tl, stage_ms)` must give produce-then-consume results on every run, with overlap."""
-    if not needs_gpu(EX_PIPELINE):
-        return
+def _model_elapsed(case: list[float]) -> float:
+    t = model_event_times(elapsed_schedule(*case))
+    return t["end"] - t["start"]
+
+
+# ----------------------------------------------------------------- ex03_predict_elapsed
+def _elapsed_inputs() -> dict:
+    """Schedules on which each misreading of elapsed_time gives a different number from the model."""
+    rng = random.Random()
+
+    def ms(lo: float, hi: float) -> float:  # multiples of 0.5 ms
+        return rng.randint(int(2 * lo), int(2 * hi)) / 2
+
+    cases = []
+    b0, b1 = ms(2, 8), ms(2, 8)
+    cases.append([b0 + b1 + ms(5, 30), b0, b1, ms(2, 15)])  # a ends long after b reaches the wait
+    b0, b1 = ms(5, 12), ms(5, 12)
+    cases.append([ms(1, 4), b0, b1, ms(2, 15)])  # a is done before b reaches the wait
+    b0, b1 = ms(4, 10), ms(4, 10)
+    cases.append([b0 + ms(0.5, b1 - 0.5), b0, b1, ms(2, 10)])  # a ends while b runs its own work
+    cases.append([ms(10, 30), 0.0, 0.0, ms(2, 10)])  # start and wait straight away
+    cases += [[ms(0, 40), ms(0, 15), ms(0, 15), ms(0, 15)] for _ in range(3)]
+    rng.shuffle(cases)
+    return {"cases": cases}
+
+
+def _elapsed_probe(answer: Any, inputs: dict) -> dict:
+    out: list[Any] = []
+    for case in inputs["cases"]:
+        v = answer(*case)
+        ok = isinstance(v, numbers.Real) and not isinstance(v, bool)
+        out.append(float(v) if ok else f"a {type(v).__module__}.{type(v).__qualname__}")
+    return {"predictions": out}
+
+
+def _elapsed_hint(case: list[float], pred: float) -> str:
+    a, b0, b1, b2 = case
+    end_from_zero = model_event_times(elapsed_schedule(*case))["end"]
+    if close(pred, b2, abs_=1e-6):
+        return "that is the last kernel alone: what else happens on stream b between the two markers?"
+    if close(pred, b1 + b2, abs_=1e-6):
+        return "that adds up b's own kernels: can b's last kernel start before stream a's kernel is done?"
+    if close(pred, end_from_zero, abs_=1e-6):
+        return "that counts from time 0: when does the GPU reach `start` on stream b?"
+    if close(pred, b1 + a + b2, abs_=1e-6):
+        return "a's kernel started at time 0, like b's work: how much of it is left when b reaches the wait?"
+    return "walk stream b's queue: when does it reach start, when may it pass the wait, when does it reach end?"
+
+
+def _elapsed_judge(inputs: dict, data: dict) -> str:
+    preds = data["predictions"]
+    cases = inputs["cases"]
+    expect(type(preds) is list and len(preds) == len(cases), EX_ELAPSED, f"{len(cases)} predictions",
+           preds if type(preds) is not list else len(preds))
+    for case, pred in zip(cases, preds, strict=True):
+        call = "predict_elapsed({:g}, {:g}, {:g}, {:g})".format(*case)
+        expect(type(pred) is float, EX_ELAPSED, f"{call} to return a number of ms", pred,
+               "return a Python float (or int)")
+        want = _model_elapsed(case)
+        expect(close(pred, want, rel=0.0, abs_=0.01), EX_ELAPSED, f"{call} = {want:g} ms", f"{pred:g} ms",
+               _elapsed_hint(case, pred))
+    return f"{len(cases)} schedules predicted"
+
+
+register(Exercise(EX_ELAPSED, entry="predict_elapsed", probe=_elapsed_probe, judge=_elapsed_judge,
+                  inputs=_elapsed_inputs))
+
+# ----------------------------------------------------------------- ex03_fix_pipeline
+PIPE_CHUNKS = 6
+PIPE_NUMEL = 1 << 22  # 16 MiB of float32: from 10 MiB up, the allocator gives each tensor a segment of its own
+STAGE_MS = 5.0
+DELAY_MS = 60.0  # longer than the whole pipeline, (PIPE_CHUNKS + 1) * STAGE_MS
+HOST_SHARE_MAX = 0.5  # the call must return within this share of the delay the GPU still has queued
+MIN_CONCURRENCY = 1.3  # stage kernels' summed time / their makespan; one stream at a time gives 1.0
+MIN_STAGE_SHARE = 0.5  # a stage kernel runs at least this share of stage_ms
+MOD, SCALE = 4099, 32  # chunk values ((j * a + b) % MOD) / SCALE: exact in float32, and so are 2x and 2x + 1
+SAMPLES = 256  # output elements compared per chunk, at places the inputs pick
+SENTINEL = -7.0  # what the probe writes where a result must not come from
+RUN_KINDS = ("late_inputs", "late_consumer", "late_inputs", "late_consumer", "timed", "timed", "timed")
+SPIN = "spin_kernel"  # the kernel behind torch.cuda._sleep (aten/src/ATen/cuda/Sleep.cu)
+
+
+def chunk_value(j: int, a: int, b: int) -> float:
+    """Element j of a chunk made from seed (a, b)."""
+    return ((j * a + b) % MOD) / SCALE
+
+
+def _pipeline_inputs() -> dict:
+    rng = random.Random()
+    used: set[tuple[int, int]] = set()
+
+    def seeds() -> list[list[int]]:
+        out = []
+        while len(out) < PIPE_CHUNKS:
+            s = (rng.randint(1, MOD - 1), rng.randint(0, MOD - 1))
+            if s not in used:  # every chunk of every run differs: a stale read never looks right
+                used.add(s)
+                out.append(list(s))
+        return out
+
+    return {"n": PIPE_CHUNKS, "numel": PIPE_NUMEL, "stage_ms": STAGE_MS, "delay_ms": DELAY_MS,
+            "sample": sorted(rng.sample(range(PIPE_NUMEL), SAMPLES)), "warmup": seeds(),
+            "runs": [{"kind": kind, "seeds": seeds()} for kind in RUN_KINDS]}
+
+
+def _shape_problem(outs: Any, n: int, numel: int) -> str | None:
     import torch
 
-    from .. import events
+    if type(outs) not in (list, tuple) or len(outs) != n:
+        return f"{type(outs).__name__} of length {len(outs) if type(outs) in (list, tuple) else '?'}"
+    for i, o in enumerate(outs):
+        if type(o) is not torch.Tensor:  # exact type: a subclass could compare equal to anything
+            return f"result {i} is a {type(o).__module__}.{type(o).__qualname__}"
+        if not o.is_cuda or o.dtype != torch.float32 or o.numel() != numel:
+            return f"result {i}: {o.dtype} on {o.device} with {o.numel()} elements"
+    return None
+
+
+def _mallocs() -> int:
+    """cudaMalloc calls of the caching allocator so far (one per new segment)."""
+    import torch
+
+    return int(torch.cuda.memory_stats().get("segment.all.allocated", 0))
+
+
+def _pipeline_probe(answer: Any, inputs: dict) -> dict:
+    import torch
+
+    from ..measure import cycles_per_ms, gpu_sleep
     from ..timeline import Timeline
 
-    wrong = 0
-    for _ in range(runs):
-        chunks = events.make_chunks(n_chunks, 1 << 16)
-        tl = Timeline()
-        outs = pipeline(chunks, tl, stage_ms)
+    n, numel, stage, delay = inputs["n"], inputs["numel"], inputs["stage_ms"], inputs["delay_ms"]
+    rate = cycles_per_ms()
+    dev = torch.device("cuda", torch.cuda.current_device())
+    current = torch.cuda.current_stream()
+    producer, consumer = torch.cuda.Stream(), torch.cuda.Stream()
+    idx = torch.tensor(inputs["sample"], device=dev)
+
+    def chunks_from(seeds: list[list[int]]) -> list[torch.Tensor]:
+        j = torch.arange(numel, device=dev, dtype=torch.int64)
+        return [((j * a + b) % MOD).to(torch.float32) / SCALE for a, b in seeds]
+
+    def call(chunks: list[torch.Tensor]) -> tuple[Any, float, int]:
+        before = _mallocs()
+        t0 = time.perf_counter()
+        outs = answer(chunks, producer, consumer, stage)
+        return outs, (time.perf_counter() - t0) * 1e3, _mallocs() - before
+
+    def result(outs: Any, host_ms: float, mallocs: int) -> dict:
+        problem = _shape_problem(outs, n, numel)
+        if problem:
+            return {"error": problem}
+        return {"host_ms": host_ms, "mallocs": mallocs,
+                "samples": [o.reshape(-1)[idx].cpu().tolist() for o in outs]}
+
+    def late_inputs(seeds: list[list[int]]) -> dict:
+        src = chunks_from(seeds)
+        chunks = [torch.full((numel,), SENTINEL, device=dev) for _ in seeds]  # not written yet
         torch.cuda.synchronize()
-        seen = len(outs) if isinstance(outs, list | tuple) else type(outs).__name__
-        expect(isinstance(outs, list | tuple) and len(outs) == n_chunks, EX_PIPELINE, f"a list of {n_chunks} results",
-               seen)
-        wrong += not all(torch.equal(o, x * 2 + 1) for o, x in zip(outs, chunks, strict=True))
-    st = tl.stats()  # the last run's timeline
-    conc = concurrency(st)
-    judge_pipeline(wrong, runs, conc, len(st.rows))
-    passed(EX_PIPELINE, f"{runs} runs correct; streams overlap: busy/makespan = {conc:.2f}")
+        gpu_sleep(delay, rate)  # the current stream is busy...
+        for x, s in zip(chunks, src, strict=True):
+            torch.mul(s, 1.0, out=x)  # ...then writes the inputs (a kernel: a copy could synchronise)
+        outs, host_ms, mallocs = call(chunks)
+        torch.cuda.synchronize()
+        return result(outs, host_ms, mallocs)
+
+    def late_consumer(seeds: list[list[int]]) -> dict:
+        chunks = chunks_from(seeds)
+        torch.cuda.synchronize()
+        with torch.cuda.stream(consumer):
+            gpu_sleep(delay, rate)  # the consumer stream is busy before the pipeline starts
+        outs, host_ms, mallocs = call(chunks)
+        # The answer has returned: its intermediates are free as far as Python knows. New tensors on the
+        # producer stream get their blocks unless the allocator knows another stream still reads them.
+        # Fill until the allocator has no cached block left on this stream (it then calls cudaMalloc).
+        fills, base = [], _mallocs()
+        with torch.cuda.stream(producer):
+            for _ in range(8 * n + 16):
+                fills.append(torch.full((numel,), SENTINEL, device=dev))
+                if _mallocs() > base:
+                    break
+        torch.cuda.synchronize()
+        r = result(outs, host_ms, mallocs)
+        del fills
+        return r
+
+    def timed(seeds: list[list[int]]) -> dict:
+        chunks = chunks_from(seeds)
+        torch.cuda.synchronize()
+        tl = Timeline(mode="kernels")
+        tl.name_stream(producer, "producer")
+        tl.name_stream(consumer, "consumer")
+        with tl.capture():
+            outs, host_ms, mallocs = call(chunks)
+            torch.cuda.synchronize()
+        r = result(outs, host_ms, mallocs)
+        r["kernels"] = [[s.start_ms, s.end_ms, s.stream] for s in tl.spans()
+                        if s.kind == "compute" and SPIN in s.name]
+        return r
+
+    runners = {"late_inputs": late_inputs, "late_consumer": late_consumer, "timed": timed}
+    # Warm-up: kernels loaded; then blocks of this size cached on all three streams (see the module docstring).
+    outs, _, _ = call(chunks_from(inputs["warmup"]))
+    problem = _shape_problem(outs, n, numel)
+    if problem:
+        return {"error": problem}
+    del outs
+    torch.cuda.synchronize()
+    for s in (current, producer, consumer):
+        with torch.cuda.stream(s):
+            held = [torch.empty(numel, device=dev) for _ in range(4 * n + 4)]
+        del held
+    torch.cuda.synchronize()
+    runs = []
+    for run in inputs["runs"]:
+        r = runners[run["kind"]](run["seeds"])
+        if "error" in r:
+            return {"error": r["error"]}
+        runs.append(r)
+    return {"runs": runs}
+
+
+def _wrong_chunks(inputs: dict, run: dict, seeds: list[list[int]]) -> int:
+    """How many chunks of a run have an output that is not 2x + 1 at the sampled places."""
+    samples = run["samples"]
+    expect(type(samples) is list and len(samples) == len(seeds), EX_PIPELINE, f"{len(seeds)} results per run",
+           len(samples) if type(samples) is list else samples)
+    wrong = 0
+    for (a, b), got in zip(seeds, samples, strict=True):
+        want = [2 * chunk_value(j, a, b) + 1 for j in inputs["sample"]]
+        wrong += not (type(got) is list and len(got) == len(want) and all(
+            type(g) is float and g == w for g, w in zip(got, want, strict=True)))
+    return wrong
+
+
+_RESULT_RULES = {
+    "late_inputs": ("right results when the chunks are written late (the current stream was busy for {delay:g} ms)",
+                    "does the consumer wait for the producer's work on each chunk, with a marker recorded after "
+                    "that work was queued? Does the producer wait for the stream that wrote the chunks?"),
+    "late_consumer": ("right results when the consumer stream is busy for {delay:g} ms and new tensors are "
+                      "allocated on the producer stream right after your function returns",
+                      "when your function returns, which stream still has to read each y? What tells the "
+                      "caching allocator that y's memory is still in use there?"),
+    "timed": ("right results in the timed runs", "compare with the runs above"),
+}
+
+
+def judge_pipeline(inputs: dict, data: dict) -> str:
+    """The verdict on what the probe measured (plain data), with every expected value computed here."""
+    n, delay, stage = inputs["n"], inputs["delay_ms"], inputs["stage_ms"]
+    expect(data.get("error") is None, EX_PIPELINE,
+           f"a list of {n} float32 CUDA tensors with {inputs['numel']} elements each", data.get("error"),
+           "return the consumer's outputs, one plain tensor per chunk, in order")
+    runs = data.get("runs")
+    expect(type(runs) is list and len(runs) == len(inputs["runs"]), EX_PIPELINE, f"{len(inputs['runs'])} runs",
+           len(runs) if type(runs) is list else runs)
+    pairs = list(zip(inputs["runs"], runs, strict=True))
+    for kind in ("late_inputs", "late_consumer", "timed"):
+        mine = [(spec, r) for spec, r in pairs if spec["kind"] == kind]
+        wrong = sum(_wrong_chunks(inputs, r, spec["seeds"]) for spec, r in mine)
+        what, hint = _RESULT_RULES[kind]
+        expect(wrong == 0, EX_PIPELINE, what.format(delay=delay), f"{wrong} of {n * len(mine)} chunks wrong", hint)
+    late = [r for spec, r in pairs if spec["kind"] != "timed"]
+    worst = max(float(r["host_ms"]) for r in late)
+    expect(worst <= HOST_SHARE_MAX * delay, EX_PIPELINE,
+           f"the call to return within {HOST_SHARE_MAX * delay:g} ms while the GPU still had {delay:g} ms queued",
+           f"{worst:.1f} ms (cudaMalloc calls in that call: {max(int(r['mallocs']) for r in late)})",
+           "does anything in your function make the host wait for the GPU (a synchronize, an event's "
+           "synchronize, reading a value)?")
+    best = 0.0
+    for spec, r in pairs:
+        if spec["kind"] != "timed":
+            continue
+        stages = [k for k in r["kernels"] if k[1] - k[0] >= MIN_STAGE_SHARE * stage]
+        expect(len(stages) == 2 * n, EX_PIPELINE, f"{2 * n} stage kernels of about {stage:g} ms (produce and "
+               "consume, once per chunk) on the probe's timeline", f"{len(stages)}",
+               "call produce and consume once per chunk, and nothing else that sleeps")
+        streams = {k[2] for k in stages}
+        expect(len(streams) >= 2, EX_PIPELINE, "stage kernels on two streams", sorted(streams),
+               "where do produce and consume run?")
+        span = max(k[1] for k in stages) - min(k[0] for k in stages)
+        best = max(best, sum(k[1] - k[0] for k in stages) / span if span > 0 else 0.0)
+    expect(best >= MIN_CONCURRENCY, EX_PIPELINE,
+           f"the two streams overlapping (stage kernels' time / their makespan >= {MIN_CONCURRENCY})", f"{best:.2f}",
+           "while chunk i is consumed, can chunk i + 1 be produced? What makes one stream wait for the other's "
+           "whole queue?")
+    return (f"right in all {len(runs)} runs; returned in {worst:.1f} ms with {delay:g} ms queued; "
+            f"stage kernels' time / makespan = {best:.2f}")
+
+
+register(Exercise(EX_PIPELINE, entry="fixed_pipeline", probe=_pipeline_probe, judge=judge_pipeline,
+                  inputs=_pipeline_inputs, needs_gpu=True, timeout_s=180.0))

@@ -1,14 +1,11 @@
-# ruff: noqa: F821  (torch and events come from the notebook)
-# Wrong: "fixed" by running both stages on one stream. Correct results, but nothing overlaps any more.
-def fixed_pipeline(chunks, tl, stage_ms):
-    stream = torch.cuda.Stream()
-    tl.name_stream(stream, "producer and consumer")
-    stream.wait_stream(torch.cuda.current_stream())
+    # Wrong: keeps y alive for the consumer, but nothing orders the consumer after the producer.
+    producer.wait_stream(torch.cuda.current_stream())
     outs = []
-    for i, x in enumerate(chunks):
-        with tl.span(f"produce {i}", stream=stream):
-            y = events.produce(x, stage_ms)
-        with tl.span(f"consume {i}", stream=stream):
-            outs.append(events.consume(y, stage_ms))
-    torch.cuda.current_stream().wait_stream(stream)
+    for x in chunks:
+        with torch.cuda.stream(producer):
+            y = produce(x, stage_ms)
+        y.record_stream(consumer)
+        with torch.cuda.stream(consumer):
+            outs.append(consume(y, stage_ms))
+    torch.cuda.current_stream().wait_stream(consumer)
     return outs

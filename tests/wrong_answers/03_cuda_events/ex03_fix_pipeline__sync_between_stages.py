@@ -1,0 +1,12 @@
+    # Wrong: right results (y is even kept for the consumer), but the host synchronises between the stages.
+    producer.wait_stream(torch.cuda.current_stream())
+    outs = []
+    for x in chunks:
+        with torch.cuda.stream(producer):
+            y = produce(x, stage_ms)
+        torch.cuda.synchronize()
+        y.record_stream(consumer)
+        with torch.cuda.stream(consumer):
+            outs.append(consume(y, stage_ms))
+    torch.cuda.current_stream().wait_stream(consumer)
+    return outs
