@@ -1,5 +1,6 @@
-"""course_utils.timeline on the CPU: host-clock recording, stats on hand-built spans, plot, Chrome trace,
-torch.profiler import, several ranks. GPU claims live in test_timeline_gpu.py."""
+"""course_utils.timeline on the CPU: host-clock recording, interval arithmetic and stats on hand-built spans,
+plot, Chrome trace, several ranks. Profiler traces and kernels mode: test_timeline_kernels.py; GPU claims:
+test_timeline_gpu.py."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ import json
 import math
 import subprocess
 import sys
-import tempfile
 import time
 
 import matplotlib
@@ -18,9 +18,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from course_utils.timeline import KINDS, Span, Timeline, from_profiler  # noqa: E402
-from course_utils.timeline.plot import COLORS
-from course_utils.timeline.spans import lanes  # noqa: E402
+from course_utils.timeline import KINDS, MARK, RANGE, Span, Timeline  # noqa: E402
+from course_utils.timeline.plot import COLORS, display_name  # noqa: E402
+from course_utils.timeline.spans import coverage, intersect, lanes, subtract, union, work_intervals  # noqa: E402
 from course_utils.timeline.stats import timeline_stats  # noqa: E402
 from course_utils.timeline.trace import to_chrome_trace  # noqa: E402
 
@@ -40,6 +40,13 @@ def test_span_round_trips_through_dict_and_json():
     s = S("mm", "compute", 1.5, 4.0, stream="stream 1", rank=3)
     assert s.duration_ms == 2.5
     assert Span.from_dict(json.loads(json.dumps(s.to_dict()))) == s
+
+
+def test_ranges_and_marks_are_stored_kinds_but_not_recordable():
+    for kind in (RANGE, MARK):
+        assert Span.from_dict(S("r", kind, 1, 2).to_dict()).kind == kind
+    with pytest.raises(ValueError, match="not one of"):
+        Timeline(device="cpu").span("x", kind=RANGE)
 
 
 @pytest.mark.parametrize("bad, msg", [
@@ -165,6 +172,43 @@ def test_empty_timeline_stats():
     assert st.makespan_ms == 0 and st.rows == {} and st.comm_compute_overlap is None
 
 
+# ------------------------------------------------------------------ interval arithmetic
+def test_interval_arithmetic_by_hand():
+    assert union([(5, 6), (0, 2), (1, 3), (3, 4)]) == [(0, 4), (5, 6)]  # touching intervals merge
+    assert intersect([(0, 4), (5, 9)], [(3, 6)]) == [(3, 4), (5, 6)]
+    assert subtract([(0, 10)], [(2, 3), (5, 12)]) == [(0, 2), (3, 5)]
+    assert subtract([(0, 2), (4, 6)], [(1, 5)]) == [(0, 1), (5, 6)]
+    assert coverage([[(0, 4)], [(2, 6)], [(3, 10)]], 2) == [(2, 6)]
+    assert coverage([[(0, 4)], [(2, 6)], [(3, 10)]], 3) == [(3, 4)]
+    assert coverage([[(0, 2)], [(2, 4)]], 2) == []  # touching is not overlapping
+
+
+def test_a_wait_inside_a_span_is_cut_out_of_its_work():
+    spans = [S("consume", "compute", 0, 10, "c"), S("wait for producer", "wait", 0, 6, "c"),
+             S("other row", "compute", 0, 10, "p")]
+    assert work_intervals(spans[:2]) == [(6, 10)]
+    assert work_intervals(spans) == [(0, 10)]  # a wait only cuts work on its own row
+    st = timeline_stats(spans)
+    assert st.rows["c"].busy_ms == 4 and st.rows["c"].idle_ms == 6
+    assert st.compute_overlap == pytest.approx(4 / 10)  # compute on both rows only in [6, 10]
+
+
+# ------------------------------------------------------------------ compute on several streams at once
+@pytest.mark.parametrize("rows, expected", [
+    ({"a": [(0, 10)], "b": [(10, 20)]}, 0.0),        # serialised: touching, never at once
+    ({"a": [(0, 10)], "b": [(0, 10)]}, 1.0),         # fully concurrent
+    ({"a": [(0, 10)], "b": [(5, 15)]}, 5 / 15),      # 5 ms at once out of 15 ms of compute
+    ({"a": [(0, 4), (2, 6)], "b": [(20, 30)]}, 0.0),  # overlap on one row is not concurrency between streams
+])
+def test_compute_overlap_by_hand(rows, expected):
+    spans = [S(f"k{i}", "compute", a, b, row) for row, ivs in rows.items() for i, (a, b) in enumerate(ivs)]
+    assert timeline_stats(spans).compute_overlap == pytest.approx(expected)
+
+
+def test_compute_overlap_does_not_apply_to_one_row():
+    assert timeline_stats([S("k", "compute", 0, 1, "a"), S("c", "h2d", 0, 1, "b")]).compute_overlap is None
+
+
 # ------------------------------------------------------------------ plot
 def test_lanes_split_overlaps_and_allow_nesting_only_when_asked():
     spans = [S("a", "host", 0, 10), S("b", "host", 2, 4), S("c", "host", 5, 12), S("d", "host", 12, 13)]
@@ -190,8 +234,7 @@ def test_plot_draws_one_bar_per_span_coloured_by_kind_rows_by_rank_then_stream()
     # grouped by rank; within a rank, streams in order of first appearance
     assert labels == ["rank 0: s0", "rank 0: s1", "rank 1: s1", "rank 1: s0", "rank 2: s0", "rank 2: s1"]
     assert fig.axes[0].get_title() == "kinds"
-    texts = " ".join(t.get_text() for a in fig.axes for t in a.texts)
-    assert "makespan 7.000 ms" in texts and "busy" in texts
+    assert "makespan 7.000 ms" in _footer(fig) and "busy" in _footer(fig)
     legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
     assert "memcpy H2D" in legend and "wait/idle" in legend
 
@@ -205,6 +248,76 @@ def test_plot_widens_and_marks_bars_too_short_to_see():
     assert "widened to be visible" in legend
     fig2 = Timeline.from_spans(spans).plot(min_width_frac=0.0)
     assert "widened to be visible" not in [t.get_text() for t in fig2.axes[0].get_legend().get_texts()]
+
+
+def _texts(fig):
+    return [t for a in fig.axes for t in a.texts] + list(fig.texts)
+
+
+def _footer(fig) -> str:
+    return "\n".join(t.get_text() for t in _texts(fig) if "makespan" in t.get_text())
+
+
+def test_widened_bars_never_count_as_overlap():
+    # Two 1 µs spans 0.5 µs apart on different rows of a 100 ms timeline: widened to 0.4 ms each to be
+    # seen, they are drawn overlapping; the numbers come from their true times, where they never meet.
+    spans = [S("long", "compute", 0, 100, "main"), S("k", "compute", 200.0, 200.001, "a"),
+             S("copy", "h2d", 200.0015, 200.0025, "b"), S("k2", "compute", 200.003, 200.004, "b")]
+    tl = Timeline.from_spans(spans)
+    fig = tl.plot()
+    widths = sorted(b.get_paths()[0].get_extents().width for b in _bars(fig))
+    assert widths[0] > 0.5  # drawn at the minimum width (0.4% of 200 ms), far wider than 1 µs
+    st = tl.stats()
+    assert st.copy_compute_overlap == 0.0 and st.compute_overlap == 0.0
+    assert "copy hidden under compute: 0% of 0.001 ms" in _footer(fig)
+    assert "compute on 2+ streams at once: 0%" in _footer(fig)
+
+
+def test_footer_lists_only_what_applies_and_keeps_columns_with_long_names():
+    long = "a very long row name that someone gave to their side stream number one"
+    fig = Timeline.from_spans([S("k", "compute", 0, 4, long), S("j", "compute", 1, 2, "b")]).plot()
+    text = _footer(fig)
+    assert "n/a" not in text and "comm" not in text and "copy" not in text  # nothing to hide: not mentioned
+    rows = [line for line in text.splitlines() if line.strip().startswith(("a very", "b "))]
+    assert len(rows) == 2 and len({line.index(" 4.000") if " 4.000" in line else line.index(" 1.000")
+                                    for line in rows}) == 1  # numbers line up in one column
+    assert all(len(line) < 90 for line in text.splitlines())  # the long name is shortened with an ellipsis
+    assert "…" in text
+
+
+def test_text_is_readable_at_notebook_width():
+    spans = [S("k", "compute", 0, 50, "side stream 1"), S("w", "wait", 50, 60, "side stream 1"),
+             S("r", RANGE, 0, 60, "side stream 1"), S("m", MARK, 30, 30, "side stream 1")]
+    fig = Timeline.from_spans(spans, mode="events").plot(title="t")
+    assert fig.get_size_inches()[0] <= 10.5  # a notebook shows it near its own size
+    texts = _texts(fig) + [t for a in fig.axes for t in a.get_xticklabels() + a.get_yticklabels()]
+    texts += [t for a in fig.axes if a.get_legend() for t in a.get_legend().get_texts()]
+    assert texts and min(t.get_fontsize() for t in texts if t.get_text()) >= 10
+
+
+def test_modes_say_what_bars_mean():
+    spans = [S("k", "compute", 0, 5, "s"), S("r", RANGE, 0, 5, "s")]
+    events = Timeline.from_spans(spans, mode="events").plot()
+    assert "stream progress" in _footer(events).replace("\n", " ") and "stream progress" in events.axes[0].get_ylabel()
+    kernels = Timeline.from_spans(spans, mode="kernels").plot()
+    assert "profiler" in _footer(kernels) and "named range (not work)" in [
+        t.get_text() for t in kernels.axes[0].get_legend().get_texts()]
+    assert "stream progress" not in _footer(Timeline.from_spans(spans).plot())
+
+
+def test_a_wait_inside_a_span_is_drawn_hatched_over_it():
+    fig = Timeline.from_spans([S("consume", "compute", 0, 10), S("wait", "wait", 0, 6)]).plot()
+    bars = _bars(fig)
+    assert len(bars) == 2 and sum(bool(b.get_hatch()) for b in bars) == 1
+    y = [b.get_paths()[0].get_extents().y0 for b in bars]
+    assert y[0] == pytest.approx(y[1])  # same lane: the wait covers part of the span, not a row of its own
+
+
+def test_kernel_names_are_shortened_for_display_only():
+    name = "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float> >(int, float)"
+    assert display_name(name) == "vectorized_elementwise_kernel"
+    assert display_name("sleep (20 ms)") == "sleep (20 ms)" and display_name("Memcpy HtoD (Pinned -> Device)") \
+        == "Memcpy HtoD (Pinned -> Device)"
 
 
 def test_plot_refuses_unknown_kinds():
@@ -277,67 +390,6 @@ def test_perfetto_trace_processor_is_not_used():
     except ImportError:
         return
     pytest.fail("perfetto is installed here: add a test that loads to_chrome_trace output in TraceProcessor")
-
-
-# ------------------------------------------------------------------ torch.profiler traces
-def _profile(collective: bool):
-    import torch.distributed as dist
-    from torch.profiler import ProfilerActivity, profile
-
-    x = torch.randn(64, 64)
-    with tempfile.TemporaryDirectory() as d:
-        if collective:
-            dist.init_process_group("gloo", init_method=f"file://{d}/store", rank=0, world_size=1)
-        try:
-            with profile(activities=[ProfilerActivity.CPU]) as prof:
-                y = x @ x
-                if collective:
-                    dist.all_reduce(y)
-        finally:
-            if collective:
-                dist.destroy_process_group()
-    return prof
-
-
-def test_from_profiler_reads_cpu_ops_and_a_gloo_collective(tmp_path):
-    path = tmp_path / "trace.json"
-    _profile(collective=True).export_chrome_trace(str(path))
-    spans = from_profiler(str(path))
-    kinds = {s.name: s.kind for s in spans}
-    assert kinds["aten::matmul"] == "host" and "aten::mm" not in kinds  # top-level ops only
-    assert [n for n, k in kinds.items() if k == "comm"]  # c10d::allreduce_ / gloo:all_reduce
-    assert all(s.kind in ("host", "comm") for s in spans)
-    assert all(s.duration_ms >= 0 and s.stream in ("host", "comm") for s in spans)
-    assert Timeline.from_spans(spans).plot() is not None
-    assert from_profiler(str(path), host_ops=False) == []  # no GPU here: nothing but host ops
-
-
-def test_from_profiler_takes_a_profile_object_once():
-    prof = _profile(collective=False)
-    assert "aten::matmul" in [s.name for s in from_profiler(prof)]
-    with pytest.raises(RuntimeError, match="already exported"):
-        from_profiler(prof)
-
-
-def test_from_profiler_maps_gpu_categories():
-    trace = {"traceEvents": [
-        {"ph": "X", "cat": "kernel", "name": "ampere_sgemm", "pid": 0, "tid": 7, "ts": 1000, "dur": 500,
-         "args": {"stream": 7}},
-        {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL", "pid": 0, "tid": 13,
-         "ts": 1200, "dur": 800, "args": {"stream": 13}},
-        {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD (Pinned -> Device)", "pid": 0, "tid": 9, "ts": 900,
-         "dur": 100, "args": {"stream": 9}},
-        {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy DtoH (Device -> Pinned)", "pid": 0, "tid": 9, "ts": 1600,
-         "dur": 10, "args": {"stream": 9}},
-        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": 950, "dur": 5},
-    ], "distributedInfo": {"rank": 1}}
-    spans = from_profiler(trace)
-    assert [(s.name[:6], s.kind, s.stream, s.rank) for s in spans] == [
-        ("Memcpy", "h2d", "stream 9", 1), ("ampere", "compute", "stream 7", 1),
-        ("ncclDe", "comm", "comm", 1), ("Memcpy", "d2h", "stream 9", 1)]
-    assert spans[1].start_ms == 1.0 and spans[1].duration_ms == 0.5
-    with pytest.raises(TypeError, match="trace path"):
-        from_profiler(42)
 
 
 # ------------------------------------------------------------------ several ranks

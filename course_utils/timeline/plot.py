@@ -8,9 +8,10 @@ to its output width.
 from __future__ import annotations
 
 import math
+import textwrap
 from typing import Any
 
-from .spans import KINDS, MARK, RANGE, Span, lanes, row_label
+from .spans import KINDS, MARK, RANGE, Span, lanes, row_label, subtract, union
 from .stats import timeline_stats
 
 # The course's colours (COURSE_DESIGN.md, "Timeline look"); wait is drawn hatched.
@@ -34,13 +35,41 @@ MODE_NOTES = {
 }
 FONT = 11  # axis labels, ticks, legend, footer
 BAR_FONT = 10  # names inside bars
-ROW_LABEL_MAX = 40
+ROW_LABEL_MAX = 32
+RANGE_H = 0.45  # height of one lane of named ranges, in rows
 
-__all__ = ["COLORS", "LABELS", "plot"]
+__all__ = ["COLORS", "LABELS", "display_name", "plot"]
 
 
 def _short(label: str, n: int = ROW_LABEL_MAX) -> str:
     return label if len(label) <= n else label[: n - 1] + "…"
+
+
+def display_name(name: str) -> str:
+    """A kernel's name without return type, namespaces, template and call arguments (as HTA shortens them):
+    "void at::native::vectorized_elementwise_kernel<4, ...>(int, ...)" -> "vectorized_elementwise_kernel"."""
+    if not ("::" in name or "<" in name or name.startswith("void ")):
+        return name  # not a C++ signature: a user's name such as "sleep (20 ms)" stays as it is
+    short, depth = [], 0
+    for ch in name.removeprefix("void "):
+        if ch == "<":
+            depth += 1
+        elif ch == ">":
+            depth = max(0, depth - 1)
+        elif ch == "(" and depth == 0:
+            break
+        elif depth == 0:
+            short.append(ch)
+    out = "".join(short).strip().split("::")[-1].strip()
+    return out or name
+
+
+def _fit(name: str, width_frac: float, axes_in: float = 6.0) -> str:
+    """`name` cut to what fits in a bar `width_frac` of the axis wide (an estimate of the font's widths), or ''."""
+    chars = int(width_frac * axes_in * 72 / (0.7 * BAR_FONT)) - 1
+    if chars < 4:
+        return ""
+    return name if len(name) <= chars else name[: chars - 1] + "…"
 
 
 def _inside(wait: Span, work: list[Span]) -> int | None:
@@ -95,24 +124,19 @@ def plot(spans: list[Span], title: str | None = None, min_width_frac: float = 0.
     if stats is not None:
         text = stats.summary()
         if mode in MODE_NOTES:
-            text = MODE_NOTES[mode] + "\n" + text
+            text = "\n".join(textwrap.wrap(MODE_NOTES[mode], 100)) + "\n" + text
         if skew_ms is not None:
             text += f"\n  ranks aligned to within about {skew_ms * 1000:.0f} µs" + (f" ({skew_note})" if skew_note
                                                                                     else "")
         n_text = text.count("\n") + 1
-    height = sum(max(ls, default=0) + 1 + (0.35 if rg else 0.0) for _, ls, _, rg, _ in layout.values())
-    footer_ax = None
-    if ax is None:
-        plot_h = 1.3 + 0.5 * max(height, 1)
-        text_h = 0.22 * n_text + 0.2 if n_text else 0.0
+    height = sum(max(ls, default=0) + 1 + (RANGE_H * (max(rl) + 1) if rg else 0.0)
+                 for _, ls, _, rg, rl in layout.values())
+    own_figure = ax is None
+    if own_figure:
+        plot_h = 1.4 + 0.5 * max(height, 1)
+        text_h = 0.2 * n_text + 0.15 if n_text else 0.0
         fig = plt.figure(figsize=(10, plot_h + text_h))
-        if n_text:
-            grid = fig.add_gridspec(2, 1, height_ratios=[plot_h, text_h], hspace=0.0)
-            ax = fig.add_subplot(grid[0])
-            footer_ax = fig.add_subplot(grid[1])
-            footer_ax.axis("off")
-        else:
-            ax = fig.add_subplot(1, 1, 1)
+        ax = fig.add_subplot(1, 1, 1)
     else:
         fig = ax.figure
 
@@ -130,31 +154,38 @@ def plot(spans: list[Span], title: str | None = None, min_width_frac: float = 0.
     for r in rows:
         work, work_lanes, inner_waits, ranges, range_lanes = layout[r]
         n_work = max(work_lanes, default=0) + 1
-        band = 0.35 if ranges else 0.0
-        row_h = n_work + band
-        # named ranges: a pale band at the top of the row
         n_rl = max(range_lanes, default=0) + 1
+        band = RANGE_H * n_rl if ranges else 0.0
+        row_h = n_work + band
+        # named ranges: pale bars in a band at the top of the row, one lane per level of overlap
         for s, lane in zip(ranges, range_lanes, strict=True):
-            h = band / n_rl
-            x, w = bar(s, y0 + lane * h + 0.03, h - 0.04, color=RANGE_COLOR, edgecolor="black", linewidth=0.6)
-            if w > 0.05 * span_ms:
-                ax.text(x + 0.005 * span_ms, y0 + (lane + 0.5) * h, s.name, ha="left", va="center",
-                        fontsize=BAR_FONT - 1, color="black", clip_on=True)
+            h = RANGE_H
+            x, w = bar(s, y0 + lane * h + 0.03, h - 0.04, facecolor=RANGE_COLOR, edgecolor="black", linewidth=0.6)
+            label = _fit(s.name, w / span_ms)
+            if label:
+                ax.text(x + 0.005 * span_ms, y0 + (lane + 0.5) * h, label, ha="left", va="center",
+                        fontsize=BAR_FONT, color="black", clip_on=True)
         top = y0 + band
         lane_of = {}
         for s, lane in zip(work, work_lanes, strict=True):
             lane_of[id(s)] = lane
-            kw: dict[str, Any] = {"color": COLORS[s.kind], "edgecolor": "black", "linewidth": 0.4}
+            # facecolor, not color: `color` also sets the hatch colour, and a white wait would lose its hatching
+            kw: dict[str, Any] = {"facecolor": COLORS[s.kind], "edgecolor": "black", "linewidth": 0.4}
             if s.kind == "wait":
                 kw["hatch"] = "///"
             x, w = bar(s, top + lane + 0.08, 0.84, **kw)
-            if w > 0.06 * span_ms:  # name the bar when it is wide enough to hold a label
-                ax.text(x + w / 2, top + lane + 0.5, s.name, ha="center", va="center", fontsize=BAR_FONT,
+            # name the bar in its longest stretch not covered by a wait drawn over it
+            free = subtract([(x, x + w)], union((wt.start_ms - zero, wt.end_ms - zero) for wt in inner_waits
+                                                if s.start_ms <= wt.start_ms and wt.end_ms <= s.end_ms))
+            fx, fw = max(((a, b - a) for a, b in free), key=lambda p: p[1], default=(x, 0.0))
+            label = _fit(display_name(s.name), fw / span_ms)  # only names that fit inside their bar
+            if label:
+                ax.text(fx + fw / 2, top + lane + 0.5, label, ha="center", va="center", fontsize=BAR_FONT,
                         color="black" if s.kind in ("wait", "host") else "white", clip_on=True)
         for wt in inner_waits:  # waiting inside a span: hatched over the span it interrupts
             host = next(s for s in work if s.start_ms <= wt.start_ms and wt.end_ms <= s.end_ms and s.kind != "wait")
-            bar(wt, top + lane_of[id(host)] + 0.08, 0.84, color=COLORS["wait"], edgecolor="black", linewidth=0.4,
-                hatch="///")
+            bar(wt, top + lane_of[id(host)] + 0.08, 0.84, facecolor=COLORS["wait"], edgecolor="black",
+                linewidth=0.4, hatch="///")
         last_label = -math.inf
         for m in sorted((s for s in spans if s.kind == MARK and row_label(s, multi) == r), key=lambda s: s.start_ms):
             ax.plot([m.start_ms - zero] * 2, [y0, y0 + row_h], linestyle="--", color="black", linewidth=0.8)
@@ -183,12 +214,16 @@ def plot(spans: list[Span], title: str | None = None, min_width_frac: float = 0.
         ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=FONT - 1, frameon=False)
     if title:
         ax.set_title(title, fontsize=FONT + 1)
-    if text:
-        if footer_ax is not None:
-            footer_ax.text(0.0, 0.95, text, transform=footer_ax.transAxes, va="top", ha="left", family="monospace",
-                           fontsize=FONT - 1)
-        else:  # drawing into the caller's axes: put the text under them
-            ax.annotate(text, xy=(0.0, 0.0), xycoords="axes fraction", xytext=(0, -48), textcoords="offset points",
-                        va="top", ha="left", family="monospace", fontsize=FONT - 1)
-    fig.tight_layout()
+    if text and own_figure:
+        # the axes keep the top of the figure; the text goes in the strip reserved under them
+        fig.tight_layout(rect=(0.0, text_h / (plot_h + text_h), 1.0, 1.0))
+        left = ax.get_position().x0
+        fig.text(min(left, 0.02), (text_h - 0.05) / (plot_h + text_h), text, va="top", ha="left",
+                 family="monospace", fontsize=FONT - 1)
+    elif text:  # drawing into the caller's axes: put the text under them
+        ax.annotate(text, xy=(0.0, 0.0), xycoords="axes fraction", xytext=(0, -48), textcoords="offset points",
+                    va="top", ha="left", family="monospace", fontsize=FONT - 1)
+        fig.tight_layout()
+    else:
+        fig.tight_layout()
     return fig
