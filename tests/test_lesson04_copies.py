@@ -1,160 +1,395 @@
-"""Lesson 04 (async memcpy): the prefetcher check against the solution and wrong answers; bench and copies."""
+"""Lesson 04 (async memcpy): the three exercises' judges on plain data, the CPU-gradeable exercises end to end
+with their wrong answers, the prefetcher's CPU part, and on a GPU the prefetcher check against every wrong
+answer and the notebook's own measuring functions against the claims the notebook makes."""
 
 from __future__ import annotations
 
+import ast
+import json
+import re
 from pathlib import Path
 
-import matplotlib
 import pytest
 import torch
 
-from course_utils import bench, checks, copies, reference
-from course_utils.checks import copies as check04
-from course_utils.timeline import Timeline
-from tests.test_lesson03_events import solution_source
-
-matplotlib.use("Agg")
+from course_utils import checks, reference
+from course_utils.checks import CheckFailed
+from course_utils.checks import copies as c04
+from tests.exercise_cells import exercise_cells, run_cells
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "04_async_memcpy.ipynb"
 WRONG = ROOT / "tests" / "wrong_answers" / "04_async_memcpy"
-EX = "ex04_prefetcher"
+MiB = 1 << 20
 
 
-def load(src: str, name: str):
-    ns = {"torch": torch}
-    exec(compile(src, name, "exec"), ns)
-    return ns["prefetch"]
+def notebook() -> dict:
+    return json.loads(NOTEBOOK.read_text())
 
 
-def solution():
-    return load(solution_source(NOTEBOOK, EX), "solution")
+def wrong_answers(ex: str) -> list[Path]:
+    return sorted(WRONG.glob(f"{ex}*.py"))
 
 
-def wrong(stem: str):
-    path = WRONG / f"{stem}.py"
-    return load(solution_source(NOTEBOOK, EX, path.read_text()), path.name)
+def run_in_process(ex: str, replacement: str | None) -> None:
+    """Setup cells, the solution (or a wrong answer) and the check cell, executed here in a fresh namespace.
+
+    Quicker than a kernel per wrong answer; `test_exercises_end_to_end_in_a_kernel` runs the real thing."""
+    ns: dict = {"__name__": "__lesson04__"}
+    for src in exercise_cells(notebook(), ex, replacement):
+        exec(compile(src, f"<{ex}>", "exec"), ns)
 
 
-def wrong_answers() -> list[Path]:
-    return sorted(WRONG.glob(f"{EX}*.py"))
+def judge_via_probe(ex_id: str, answer) -> str:
+    """What the grader does: fresh inputs, the probe beside the answer, the judge on the plain data."""
+    ex = checks.exercise(ex_id)
+    inputs = checks.plain({**ex.inputs(), "gpu": torch.cuda.is_available()})
+    data = checks.from_bytes(checks.to_bytes(ex.probe(answer, inputs)))
+    return ex.judge(inputs, data)
 
 
-def test_solution_passes_the_cpu_part(capsys, monkeypatch):
+# --------------------------------------------------------------------------------- ex04_copy_time
+
+
+def _copy_ms(nbytes, gbit, lat_us):
+    return lat_us / 1e3 + nbytes * 8 / (gbit * 1e9) * 1e3
+
+
+def test_copy_time_judge_passes_the_model_and_names_each_mistake():
+    ex = checks.exercise(c04.EX_COPY)
+    inputs = ex.inputs()
+    cases = inputs["cases"]
+    assert any(n < 4096 for n, _, _ in cases) and any(n >= 256 * MiB for n, _, _ in cases)  # latency and bandwidth
+    ok = {"values": [_copy_ms(*c) for c in cases], "types": ["float"] * len(cases)}
+    assert "256 MiB" in ex.judge(inputs, ok)
+    mistakes = {
+        "bytes or in bits": lambda n, g, t: t / 1e3 + n / (g * 1e9) * 1e3,
+        "10^9 or 2^30": lambda n, g, t: t / 1e3 + n * 8 / (g * 2**30) * 1e3,
+        "nbytes is tiny": lambda n, g, t: n * 8 / (g * 1e9) * 1e3,
+        "which unit does your function": lambda n, g, t: _copy_ms(n, g, t) / 1e3,
+        "latency_us given": lambda n, g, t: t + n * 8 / (g * 1e9) * 1e3,
+    }
+    for hint, f in mistakes.items():
+        with pytest.raises(CheckFailed, match=re.escape(hint)):
+            ex.judge(inputs, {"values": [f(*c) for c in cases], "types": ["float"] * len(cases)})
+    with pytest.raises(CheckFailed, match="return a number"):
+        ex.judge(inputs, {"values": [None] * len(cases), "types": ["Anything"] * len(cases)})
+    with pytest.raises(CheckFailed, match="answers"):
+        ex.judge(inputs, {"values": [1.0], "types": ["float"]})
+
+
+def test_number_conversion_keeps_only_real_numbers():
+    import numpy as np
+
+    assert c04._number(3) == 3.0 and type(c04._number(np.float32(0.5))) is float
+    assert c04._number(torch.tensor(2.5)) == 2.5
+    assert c04._number(True) is None and c04._number("1.0") is None and c04._number(float("nan")) is None
+    assert c04._number(torch.ones(2)) is None
+
+    class Anything(float):
+        def __eq__(self, other):
+            return True
+
+        __hash__ = float.__hash__
+
+    assert type(c04._number(Anything(0.0))) is float  # the judge compares a plain 0.0, not the subclass
+
+
+# ------------------------------------------------------------------------------ ex04_overlap_makespan
+
+
+def _makespan(n, c, k, s):
+    return n * (c + k) if s == 1 else c + k + (n - 1) * max(c, k)
+
+
+def test_makespan_judge_passes_the_model_and_names_each_mistake():
+    ex = checks.exercise(c04.EX_MAKESPAN)
+    inputs = ex.inputs()
+    cases = inputs["cases"]
+    two = [c for c in cases if c[3] == 2]
+    assert any(c > k for _, c, k, _ in two) and any(k > c for _, c, k, _ in two) and any(n == 1 for n, *_ in two)
+    assert "schedules" in ex.judge(inputs, {"values": [_makespan(*c) for c in cases], "types": ["float"] * len(cases)})
+    mistakes = {
+        "copy engine doing": lambda n, c, k, s: n * (c + k),
+        "before the first chunk": lambda n, c, k, s: _makespan(n, c, k, 1) if s == 1 else n * max(c, k),
+        "sets the pace": lambda n, c, k, s: _makespan(n, c, k, 1) if s == 1 else c + n * k,
+        "on one stream": lambda n, c, k, s: _makespan(n, c, k, 2),
+    }
+    for hint, f in mistakes.items():
+        with pytest.raises(CheckFailed, match=re.escape(hint)):
+            ex.judge(inputs, {"values": [float(f(*c)) for c in cases], "types": ["float"] * len(cases)})
+
+
+# --------------------------------------------------------------- CPU-gradeable exercises, end to end
+
+
+@pytest.mark.parametrize("ex", [c04.EX_COPY, c04.EX_MAKESPAN])
+def test_cpu_exercise_solution_passes(ex, capsys):
+    run_in_process(ex, None)
+    assert f"passed: {ex}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("path", wrong_answers(c04.EX_COPY) + wrong_answers(c04.EX_MAKESPAN), ids=lambda p: p.stem)
+def test_cpu_exercise_wrong_answer_fails(path):
+    ex = path.stem.split("__")[0]
+    with pytest.raises(CheckFailed, match=ex):
+        run_in_process(ex, path.read_text())
+
+
+def test_every_exercise_has_wrong_answers_of_each_kind_the_issue_names():
+    stems = {p.stem for p in WRONG.glob("*.py")}
+    assert {"ex04_copy_time", "ex04_copy_time__gib", "ex04_copy_time__no_latency"} <= stems  # bits, GiB, latency
+    assert {"ex04_overlap_makespan", "ex04_overlap_makespan__no_fill_drain"} <= stems  # ignores overlap
+    assert {f"ex04_prefetcher__{w}" for w in ("synchronize", "host_waits_for_copy", "no_wait", "same_stream",
+                                              "fake_copy_spans", "extra_copies", "equal_to_anything")} <= stems
+
+
+def test_exercises_end_to_end_in_a_kernel():
+    """The real path once per exercise: a fresh kernel runs setup cells, solution and check cell."""
+    nb = notebook()
+    text, err = run_cells(exercise_cells(nb, c04.EX_COPY, (WRONG / "ex04_copy_time__gib.py").read_text()))
+    assert err == "CheckFailed" and "2^30" in text, text
+    text, err = run_cells(exercise_cells(nb, c04.EX_MAKESPAN, None))
+    assert err is None and "passed: ex04_overlap_makespan" in text, text
+    if not torch.cuda.is_available():
+        text, err = run_cells(exercise_cells(nb, c04.EX_PREFETCH, None))
+        assert err is None and checks.CPU_PART_PASSED in text, text
+
+
+# ------------------------------------------------------------------------ ex04_prefetcher, CPU part
+
+
+def test_prefetcher_solution_passes_the_cpu_part(capsys, monkeypatch):
     monkeypatch.setattr(checks, "gpu_available", lambda: False)
     monkeypatch.delenv("COURSE_REQUIRE_GPU", raising=False)
-    check04.check_prefetcher(solution())
+    run_in_process(c04.EX_PREFETCH, None)
     out = capsys.readouterr().out
-    assert "correct and reading ahead" in out and checks.SKIP_MARKER in out
+    assert checks.SKIP_MARKER in out and checks.CPU_PART_PASSED in out
 
 
-def test_single_buffer_fails_on_cpu():
-    with pytest.raises(checks.CheckFailed, match="wrong results"):
-        check04.check_prefetcher(wrong(EX))
+@pytest.mark.parametrize("stem, message", [
+    ("ex04_prefetcher", "data right"),                          # one buffer: batch i overwritten by batch i+1
+    ("ex04_prefetcher__no_read_ahead", "taken ahead"),
+    ("ex04_prefetcher__equal_to_anything", "torch.Tensor"),
+])
+def test_prefetcher_wrong_answers_fail_the_cpu_part(stem, message, monkeypatch):
+    monkeypatch.setattr(checks, "gpu_available", lambda: False)
+    with pytest.raises(CheckFailed, match=message):
+        run_in_process(c04.EX_PREFETCH, (WRONG / f"{stem}.py").read_text())
 
 
-def test_no_read_ahead_fails_on_cpu():
-    def no_prefetch(batches, device, tl):  # plausible: copy each batch when it is asked for
-        for i, b in enumerate(batches):
-            with tl.span(f"h2d {i}", kind="h2d"):
-                yield b.to(device, non_blocking=True)
-
-    with pytest.raises(checks.CheckFailed, match="taken ahead"):
-        check04.check_prefetcher(no_prefetch)
-
-
-def test_judge_requires_overlap_when_measured():
-    b = [torch.ones(3)] * 3
-    e = [x * 2 + 1 for x in b]
-    check04.judge_prefetcher(3, e, e, [2, 3, 3], True, hidden=0.9)
-    with pytest.raises(checks.CheckFailed, match="hidden under compute"):
-        check04.judge_prefetcher(3, e, e, [2, 3, 3], True, hidden=0.1)
-    with pytest.raises(checks.CheckFailed, match="batches out"):
-        check04.judge_prefetcher(3, e[:2], e[:2], [2, 3], True)
-
-
-def test_cpu_run_fails_when_gpu_required(monkeypatch):
+def test_prefetcher_cpu_run_fails_when_a_gpu_is_required(monkeypatch):
     monkeypatch.setattr(checks, "gpu_available", lambda: False)
     monkeypatch.setenv("COURSE_REQUIRE_GPU", "1")
-    with pytest.raises(checks.CheckFailed, match="needs a GPU"):
-        check04.check_prefetcher(solution())
+    with pytest.raises(CheckFailed, match="needs a GPU"):
+        run_in_process(c04.EX_PREFETCH, None)
 
 
-def test_measure_reports_bytes_over_time():
-    src, dst = torch.ones(1 << 20, dtype=torch.uint8), torch.empty(1 << 20, dtype=torch.uint8)
-    r = bench.measure("h2h", 1 << 20, lambda: dst.copy_(src), cuda=False, budget_ms=5)
-    assert r.algbw_gbps == pytest.approx((1 << 20) / (r.time_ms * 1e6))
-    assert r.iters >= 3 and bench.BenchResult.from_dict(r.to_dict()) == r
-    table = bench.format_table([r])
-    assert "algbw (GB/s)" in table and "1 MiB" in table
+# --------------------------------------------------------------- the prefetcher's judge on plain data
 
 
-def test_plot_draws_series_and_limit():
-    rs = [bench.BenchResult("h2d pinned", 1 << k, 0.1, (1 << k) / 1e5) for k in (10, 20)]
-    fig = bench.plot_bandwidth(rs, limits={"PCIe Gen5 x16 limit": 63.0}, title="t")
-    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
-    assert labels == ["h2d pinned", "PCIe Gen5 x16 limit: 63 GB/s"]
-    assert "GB/s" in fig.axes[0].get_ylabel()
+def _small_gpu_inputs(**over) -> dict:
+    """The prefetcher's inputs with GPU-sized batches shrunk, so the judge's expectations are cheap here."""
+    inputs = {**checks.exercise(c04.EX_PREFETCH).inputs(), "gpu": True, "gpu_numel": 500, "gpu_idx": [0, 7, 499]}
+    return {**inputs, **over}
 
 
-def test_sweep_measures_what_this_machine_has():
-    data = copies.sweep_data([1 << 12, 1 << 16])
-    ops = {r["op"] for r in data["results"]}
-    if torch.cuda.is_available():
-        assert {"h2d pinned", "h2d pageable", "d2h pinned", "d2h pageable", "d2d"} == ops
-    else:
-        assert ops == {"h2h pageable"} and data["limit_gbps"] is None
-    copies.plot_sweep(data)
+def _span(kind, stream, a, b, name="k"):
+    return {"name": name, "kind": kind, "rank": 0, "stream": stream, "start_ms": float(a), "end_ms": float(b)}
 
 
-def test_reference_recording_has_provenance_and_every_part():
-    rec = reference.load("04_copies")
-    assert rec.provenance.get("gpu") and rec.provenance.get("date")
-    assert {"sweep", "nonblocking", "pin_cost", "serial_spans", "overlap_spans"} <= set(rec.data)
-    ops = {r["op"] for r in rec.data["sweep"]["results"]}
-    assert {"h2d pinned", "h2d pageable", "d2h pinned", "d2h pageable", "d2d"} <= ops
-    copies.plot_sweep(rec.data["sweep"])
-    assert Timeline.from_spans(rec.data["overlap_spans"]).stats().copy_compute_overlap > \
-        Timeline.from_spans(rec.data["serial_spans"]).stats().copy_compute_overlap
+def _pipelined(n, c=1.0, k=2.0):
+    """Spans of an ideal double-buffered run: copies back to back under the previous batch's compute."""
+    spans = []
+    for i in range(n):
+        spans.append(_span("h2d", "stream 7", i * k, i * k + c, "Memcpy HtoD (Pinned -> Device)"))
+        spans.append(_span("compute", c04.COMPUTE_ROW, c + i * k, c + (i + 1) * k, "spin_kernel"))
+    return spans
 
 
-@pytest.mark.gpu
-def test_check_passes_the_solution_on_gpu():
-    check04.check_prefetcher(solution())
+def _serial(n, c=1.0, k=2.0):
+    spans, t = [], 0.0
+    for _ in range(n):
+        spans.append(_span("h2d", c04.COMPUTE_ROW, t, t + c, "Memcpy HtoD (Pinned -> Device)"))
+        spans.append(_span("compute", c04.COMPUTE_ROW, t + c, t + c + k, "spin_kernel"))
+        t += c + k
+    return spans
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("path", wrong_answers(), ids=lambda p: p.stem)
-def test_check_fails_wrong_answers_on_gpu(path):
-    with pytest.raises(checks.CheckFailed):
-        check04.check_prefetcher(wrong(path.stem))
+def _runs(inputs, spans=None, host_ms=1.0, corrupt=None):
+    """What a correct prefetcher's probe would return, built from the judge's own expectations."""
+    n, runs = inputs["n_batches"], []
+    for j, kind in enumerate(c04._schedule(inputs)):
+        numel, idx = (inputs["cpu_numel"], inputs["cpu_idx"]) if kind == "cpu" else \
+            (inputs["gpu_numel"], inputs["gpu_idx"])
+        sums, samples = c04._expected(inputs["seed"] + j, n, numel, idx)
+        run = {"kind": kind, "taken": [min(i + 2, n) for i in range(n)], "problems": [], "sums": sums,
+               "samples": samples}
+        if kind == "overlap":
+            run["spans"] = spans if spans is not None else _pipelined(n)
+        if kind == "host":
+            run["host_ms"] = host_ms
+        runs.append(run)
+    if corrupt:
+        corrupt(runs)
+    return {"runs": runs, "copy_ms": 1.0, "compute_ms": 2.0}
 
 
-@pytest.mark.gpu
-def test_pinned_beats_pageable_and_nonblocking_pageable_holds_the_host():
-    rs = {r.op: r for r in copies.copy_sweep([64 << 20], ops=("h2d",))}
-    assert rs["h2d pinned"].algbw_gbps > rs["h2d pageable"].algbw_gbps
-    nb = copies.nonblocking_host_time(64 << 20)
-    assert nb["pinned"]["returned_ms"] < 0.5 * nb["pageable"]["returned_ms"]
+def test_copy_hidden_from_spans():
+    n = 6
+    hidden, _ = c04.copy_hidden(_pipelined(n), n)
+    assert hidden == pytest.approx((n - 1) / n)
+    hidden, _ = c04.copy_hidden(_serial(n), n)
+    assert hidden == pytest.approx(0.0)
+    # Kernels on other streams, and ranges named like copies, change nothing.
+    extra = _serial(n) + [_span("compute", "stream 9", 0, 30), _span("range", "stream 9", 0, 30, "Memcpy HtoD")]
+    assert c04.copy_hidden(extra, n)[0] == pytest.approx(0.0)
+    # Extra real copies are seen, not counted as hidden.
+    more = _serial(n) + [_span("h2d", "stream 9", i * 3.0 + 1, i * 3.0 + 2) for i in range(n)]
+    hidden, note = c04.copy_hidden(more, n)
+    assert hidden is None and "12 host-to-device copies" in note
+    assert c04.copy_hidden([s for s in _pipelined(n) if s["kind"] == "h2d"], n)[0] is None
+
+
+def test_prefetcher_judge_on_plain_data():
+    ex = checks.exercise(c04.EX_PREFETCH)
+    inputs = _small_gpu_inputs()
+    assert "83% of the copy time hidden" in ex.judge(inputs, _runs(inputs))
+    cpu_inputs = {**inputs, "gpu": False}
+    assert "device='cpu'" in ex.judge(cpu_inputs, _runs(cpu_inputs))
+    fails = {
+        "hidden under compute": _runs(inputs, spans=_serial(6)),
+        "host-to-device copies": _runs(inputs, spans=_serial(6) + [_span("h2d", "s", 0, 1)] * 6),
+        "queued on the GPU": _runs(inputs, host_ms=100.0),
+        "data right": _runs(inputs, corrupt=lambda runs: runs[1]["sums"].__setitem__(2, 0.0)),
+        "taken ahead": _runs(inputs, corrupt=lambda runs: runs[0].__setitem__("taken", list(range(1, 7)))),
+        "torch.Tensor": _runs(inputs, corrupt=lambda runs: runs[2]["problems"].append("batch 0 came out as a X")),
+        "batches out": _runs(inputs, corrupt=lambda runs: [r[k].pop() for r in runs[:1] for k in ("sums", "samples")]),
+        "probe's runs": _runs(inputs, corrupt=lambda runs: runs.pop()),
+    }
+    for message, data in fails.items():
+        with pytest.raises(CheckFailed, match=re.escape(message)):
+            ex.judge(inputs, data)
+
+
+def test_prefetcher_judge_recomputes_the_data_from_the_seed():
+    ex = checks.exercise(c04.EX_PREFETCH)
+    inputs = _small_gpu_inputs()
+    data = _runs(inputs)
+    with pytest.raises(CheckFailed, match="data right"):
+        ex.judge({**inputs, "seed": inputs["seed"] + 1}, data)  # the probe's numbers fit another seed only
 
 
 def test_late_copy_detector_recognises_host_to_gpu_copies_only():
-    from course_utils.checks.copies import _copies_to_cuda
-
     T, x = torch.Tensor, torch.ones(3)
-    assert _copies_to_cuda(T.to, (x, "cuda"), {})
-    assert _copies_to_cuda(T.to, (x,), {"device": torch.device("cuda", 0), "non_blocking": True})
-    assert _copies_to_cuda(T.cuda, (x,), {})
-    assert not _copies_to_cuda(T.to, (x, torch.float16), {})
-    assert not _copies_to_cuda(T.to, (x, "cpu"), {})
-    assert not _copies_to_cuda(T.add, (x, x), {})
+    assert c04._copies_to_cuda(T.to, (x, "cuda"), {})
+    assert c04._copies_to_cuda(T.to, (x,), {"device": torch.device("cuda", 0), "non_blocking": True})
+    assert c04._copies_to_cuda(T.cuda, (x,), {})
+    assert not c04._copies_to_cuda(T.to, (x, torch.float16), {})
+    assert not c04._copies_to_cuda(T.to, (x, "cpu"), {})
+    assert not c04._copies_to_cuda(T.add, (x, x), {})
+
+
+# ---------------------------------------------------------------------------------- the notebook itself
+
+
+def test_notebook_code_is_in_the_notebook_and_recorded_keys_are_unique():
+    nb = notebook()
+    src = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
+    assert "course_utils.copies" not in src and "import copies" not in src and "from course_utils import copies" \
+        not in src
+    keys = re.findall(r'rec\.take\("([a-z_]+)"', src)
+    assert len(keys) == len(set(keys)) >= 10, keys
+    checks_cells = ["".join(c["source"]) for c in nb["cells"] if c.get("metadata", {}).get("nbgrader", {}).get("grade")]
+    assert checks_cells == ['check("ex04_copy_time", predict_copy_ms)', 'check("ex04_overlap_makespan", makespan_ms)',
+                            'check("ex04_prefetcher", prefetch)']
+
+
+def test_recording_has_every_measurement_the_notebook_takes():
+    path = reference.DATA_DIR / "04_async_memcpy.json"
+    if not path.exists():
+        pytest.skip("no recording of 04_async_memcpy yet: python benchmarks/record_references.py 04_async_memcpy")
+    rec = reference.load("04_async_memcpy")
+    src = "\n".join("".join(c["source"]) for c in notebook()["cells"] if c["cell_type"] == "code")
+    assert set(re.findall(r'rec\.take\("([a-z_]+)"', src)) <= set(rec.data)
+    assert rec.provenance.get("gpu") and rec.provenance.get("date")
+
+
+def notebook_functions(*names: str) -> dict:
+    """The notebook's setup, parameters and tools cells, then only the function definitions of its other cells."""
+    ns: dict = {"__name__": "__lesson04__"}
+    for cell in notebook()["cells"]:
+        if cell["cell_type"] != "code":
+            continue
+        src = "".join(cell["source"])
+        if cell["id"] in ("1", "3", "tools"):
+            exec(compile(src, f"<cell {cell['id']}>", "exec"), ns)
+            continue
+        tree = ast.parse(src)
+        defs = [node for node in tree.body if isinstance(node, ast.FunctionDef) and "SOLUTION" not in
+                ast.get_source_segment(src, node)]
+        if defs:
+            exec(compile(ast.Module(body=defs, type_ignores=[]), f"<cell {cell['id']}>", "exec"), ns)
+    missing = [n for n in names if n not in ns]
+    assert not missing, f"the notebook no longer defines {missing}"
+    return ns
+
+
+def test_notebook_functions_can_be_read_without_a_gpu():
+    ns = notebook_functions("copy_sweep", "blocking_copy_wait", "read_too_early", "change_source_in_flight",
+                            "many_copies", "nonblocking_on_one_stream", "copy_engine_facts", "copies_at_once",
+                            "pin_cost", "copy_then_compute", "prefetcher_timeline", "stack")
+    cases = {"a": [_span("compute", "s", 5, 6), _span("range", "s", 0, 9)], "b": [_span("h2d", "t", 2, 3)]}
+    stacked = ns["stack"](cases)
+    assert [(s["stream"], s["start_ms"]) for s in stacked] == [("a: s", 0.0), ("b: t", 0.0)]
+
+
+# ---------------------------------------------------------------------------------------------- GPU
+
+
+@pytest.mark.gpu
+def test_prefetcher_solution_passes_on_gpu():
+    ns = {"torch": torch}
+    sol = "".join(next(c for c in notebook()["cells"] if c["id"] == "23")["source"])
+    exec(sol, ns)
+    detail = judge_via_probe(c04.EX_PREFETCH, ns["prefetch"])
+    print(detail)
+    assert "hidden" in detail
+
+
+GPU_WRONG = {
+    "ex04_prefetcher": "data right",
+    "ex04_prefetcher__no_read_ahead": "taken ahead",
+    "ex04_prefetcher__equal_to_anything": "torch.Tensor",
+    "ex04_prefetcher__no_wait": "data right",
+    "ex04_prefetcher__same_stream": "hidden under compute",
+    "ex04_prefetcher__synchronize": "hidden under compute",  # no overlap left; the host waits too
+    "ex04_prefetcher__host_waits_for_copy": "queued on the GPU",  # overlaps, but the host waits
+    "ex04_prefetcher__fake_copy_spans": "hidden under compute",
+    "ex04_prefetcher__extra_copies": "host-to-device copies",
+}
+
+
+def test_gpu_wrong_answer_table_covers_every_file():
+    assert set(GPU_WRONG) == {p.stem for p in wrong_answers(c04.EX_PREFETCH)}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("stem", sorted(GPU_WRONG))
+def test_prefetcher_wrong_answers_fail_on_gpu(stem, capsys):
+    nb = notebook()
+    cells = exercise_cells(nb, c04.EX_PREFETCH, (WRONG / f"{stem}.py").read_text())
+    ns: dict = {"__name__": "__lesson04__"}
+    for src in cells[:-1]:
+        exec(src, ns)
+    with pytest.raises(CheckFailed, match=re.escape(GPU_WRONG[stem])) as err:
+        judge_via_probe(c04.EX_PREFETCH, ns["prefetch"])
+    print(f"{stem}: {err.value}")
 
 
 @pytest.mark.gpu
 def test_late_copy_batches_delay_the_copy_on_its_own_stream():
-    from course_utils.checks.copies import late_copy_batches
-
-    (late,) = late_copy_batches([torch.ones(1 << 20).pin_memory()], delay_ms=5.0)
+    (late,) = c04.late_copy_batches([torch.ones(1 << 20).pin_memory()], delay_ms=5.0)
     dst = torch.empty(1 << 20, device="cuda")
     side = torch.cuda.Stream()
     torch.cuda.synchronize()
@@ -167,3 +402,64 @@ def test_late_copy_batches_delay_the_copy_on_its_own_stream():
     assert type(dst) is torch.Tensor  # results stay plain tensors
     assert start.elapsed_time(end) >= 4.0  # the 5 ms sleep went onto the copy's stream first
     assert torch.equal(dst.cpu(), torch.ones(1 << 20))
+
+
+@pytest.mark.gpu
+def test_notebook_claims_on_copies_and_waiting():
+    """What the notebook's prose says about blocking, stale reads, sources in flight and one wait."""
+    ns = notebook_functions("blocking_copy_wait", "read_too_early", "change_source_in_flight", "many_copies",
+                            "nonblocking_host_time")
+    bw = ns["blocking_copy_wait"](busy_ms=50.0)
+    print(bw)
+    h = bw["host_ms"]
+    assert h["busy on the copy's stream, blocking copy"] >= 40.0
+    assert h["busy on another stream, blocking copy"] < 10.0
+    assert h["busy on the copy's stream, non_blocking from pinned"] < 5.0
+    st = ns["read_too_early"]()
+    print(st)
+    assert st["pinned"]["early"] == 0.0 and st["pinned"]["after_wait"] == 1.0
+    assert st["pageable"]["early"] == 1.0 and st["pageable"]["call_ms"] >= 15.0
+    cs = ns["change_source_in_flight"]()
+    print(cs)
+    assert cs["pinned"]["got_new"] == 1.0 and cs["pageable"]["got_new"] == 0.0
+    mc = ns["many_copies"]()
+    print(mc)
+    assert mc["all_arrived"]
+    assert mc["non_blocking, one wait"]["issue_ms"] < 0.5 * mc["one by one, blocking"]["total_ms"]
+    nb = ns["nonblocking_host_time"](64 * MiB)
+    print(nb)
+    assert nb["pinned"]["returned_ms"] < 0.5 * nb["pageable"]["returned_ms"]
+
+
+@pytest.mark.gpu
+def test_notebook_claims_on_streams_engines_and_pinning():
+    """Same-stream copies wait for the kernel before them; a side stream's don't; pinning cold allocates."""
+    ns = notebook_functions("nonblocking_on_one_stream", "copy_engine_facts", "copies_at_once", "pin_cost",
+                            "copy_then_compute")
+    od = ns["nonblocking_on_one_stream"]()
+    for where, after in (("same stream", True), ("side stream", False)):
+        spans = od[where]["spans"]
+        copy = min((s for s in spans if s["kind"] == "h2d"), key=lambda s: s["start_ms"])
+        busy_end = max(s["end_ms"] for s in spans if s["kind"] == "compute")
+        print(where, od[where]["host_ms"], copy["start_ms"] - busy_end)
+        assert (copy["start_ms"] >= busy_end - 0.05) is after
+        assert od[where]["host_ms"] < 0.5 * od["busy_ms"]
+    ef = ns["copy_engine_facts"]()
+    print(ef)
+    assert isinstance(ef["async_engine_count"], int) and ef["async_engine_count"] >= 1
+    ca = ns["copies_at_once"](64 * MiB)
+    for name in ("one h2d", "two h2d", "h2d + d2h"):
+        copies = [s for s in ca[name] if s["kind"] in ("h2d", "d2h")]
+        print(name, [(s["kind"], round(s["start_ms"], 3), round(s["end_ms"], 3)) for s in copies])
+        assert len(copies) == (1 if name == "one h2d" else 2)
+    pc = ns["pin_cost"](64 * MiB)
+    print(pc)
+    if pc["new_allocations_cold"] is not None:
+        assert pc["new_allocations_cold"] == 3 and pc["new_allocations_cached"] == 0
+    assert pc["pin_cached_ms"] < pc["pin_cold_ms"]
+    ov = ns["copy_then_compute"]()
+    from course_utils.timeline import Timeline
+
+    one, two = (Timeline.from_spans(ov[f"{s} stream"]).stats() for s in (1, 2))
+    print(one.makespan_ms, one.copy_compute_overlap, two.makespan_ms, two.copy_compute_overlap)
+    assert two.makespan_ms < 0.8 * one.makespan_ms and (two.copy_compute_overlap or 0) > 0.5

@@ -1,14 +1,187 @@
-"""Checks for lesson 04 (asynchronous copies)."""
+"""Checks for lesson 04 (asynchronous copies).
+
+ex04_copy_time         `predict_copy_ms(nbytes, link_gbit_s, latency_us)`: one copy's time on the course's
+                       model (a fixed cost plus bytes over the link's rate). CPU.
+ex04_overlap_makespan  `makespan_ms(n_chunks, copy_ms, compute_ms, streams)`: copy-then-compute chunks on one
+                       stream or on a copy stream and a compute stream. CPU.
+ex04_prefetcher        `prefetch(batches, device)`: a double-buffered host-to-GPU prefetcher. GPU, with a CPU
+                       part (correct and reading ahead with device="cpu").
+
+The prefetcher's GPU verdicts come from what the probe itself sees: batches it builds from a seed the judge
+picked (the judge recomputes every expected value from that seed), copies made to start late so that a
+compute which does not wait for its copy reads a stale buffer on any GPU, a kernel-accurate timeline the
+probe records (only the profiler's own memcpy records count as copies, only kernels on the probe's compute
+stream as compute), and a long sleep queued ahead of the prefetcher so that an answer whose host waits
+for the GPU is seen waiting.
+"""
 
 from __future__ import annotations
 
+import math
+import numbers
+import random
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from . import expect, needs_gpu, passed
+from . import Exercise, close, expect, register
 
+EX_COPY = "ex04_copy_time"
+EX_MAKESPAN = "ex04_overlap_makespan"
 EX_PREFETCH = "ex04_prefetcher"
-MIN_HIDDEN = 0.5  # fraction of copy time under compute that counts as overlapped
+
+MiB = 1 << 20
+MIN_HIDDEN = 0.5  # share of the copy time the pipeline must hide (ideal for 6 batches: 5/6)
+HOST_SHARE_MAX = 0.5  # the host may spend at most this share of the queued sleep issuing all batches
+COMPUTE_ROW = "compute"  # the probe's compute stream, as named on its timeline
+
+
+def _number(x: Any) -> float | None:
+    """`x` as a plain float when it is a real number (int, float, numpy scalar, one-element tensor), else None.
+
+    The judge then compares plain floats: an object that claims to equal anything never reaches it."""
+    import torch
+
+    if isinstance(x, bool):
+        return None
+    if isinstance(x, torch.Tensor):
+        if x.numel() != 1 or x.is_complex():
+            return None
+        x = x.item()
+    if not isinstance(x, numbers.Real):
+        return None
+    try:
+        v = float(x)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return v if math.isfinite(v) else None
+
+
+def _call_all(answer: Callable, cases: list[list]) -> dict:
+    values, types = [], []
+    for case in cases:
+        out = answer(*case)
+        values.append(_number(out))
+        types.append(type(out).__name__)
+    return {"values": values, "types": types}
+
+
+def _values(data: dict, cases: list, exercise: str) -> list:
+    values = data.get("values")
+    expect(type(values) is list and len(values) == len(cases), exercise, f"{len(cases)} answers", values)
+    return values
+
+
+# ------------------------------------------------------------------------------- ex04_copy_time (CPU)
+
+
+def _copy_inputs() -> dict:
+    rng = random.Random()
+    cases = [
+        [256 * MiB, 504.0, 10.0],        # a large copy over PCIe Gen5 x16 (32 GT/s x 16 lanes x 128/130)
+        [1024, 504.0, 10.0],             # a tiny one: the fixed cost is all there is
+        [3_000_000_000, 400.0, 2.5],     # 3 GB over 400 Gb/s InfiniBand
+        [12 * MiB, 252.0, 0.0],          # PCIe Gen4 x16, no fixed cost
+        [rng.randrange(1 << 10, 1 << 31), round(rng.uniform(100.0, 1000.0), 1), round(rng.uniform(1.0, 20.0), 2)],
+    ]
+    return {"cases": cases}
+
+
+def _copy_probe(answer: Callable, inputs: dict) -> dict:
+    return _call_all(answer, inputs["cases"])
+
+
+def _copy_hint(nbytes: int, gbit: float, lat_us: float, got: float) -> str:
+    """A question pointing at the likely mistake, found by trying the usual ones."""
+    bits = nbytes * 8
+    suspects = [
+        (lat_us / 1e3 + nbytes / (gbit * 1e9) * 1e3, "is the link's rate counted in bytes or in bits per second?"),
+        (lat_us / 1e3 + bits / (gbit * 2**30) * 1e3, "is the G in Gbit/s 10^9 or 2^30?"),
+        (lat_us / 1e3 + nbytes / (gbit * 2**30) * 1e3, "bits or bytes? And is the G in Gbit/s 10^9 or 2^30?"),
+        (bits / (gbit * 1e9) * 1e3, "what does a copy cost when nbytes is tiny?"),
+        (lat_us / 1e6 + bits / (gbit * 1e9), "in which unit does your function answer?"),
+        (lat_us + bits / (gbit * 1e9) * 1e3, "in which unit is latency_us given?"),
+    ]
+    for value, hint in suspects:
+        if math.isclose(got, value, rel_tol=1e-6):
+            return hint
+    return "which part of the time is fixed per copy, and which grows with the bytes?"
+
+
+def _copy_judge(inputs: dict, data: dict) -> str:
+    cases = inputs["cases"]
+    values = _values(data, cases, EX_COPY)
+    for (nbytes, gbit, lat_us), got, typ in zip(cases, values, data.get("types", [""] * len(cases)), strict=False):
+        want = lat_us / 1e3 + nbytes * 8 / (gbit * 1e9) * 1e3  # ms: fixed cost + bits over bits per second
+        call = f"predict_copy_ms({nbytes}, {gbit:g}, {lat_us:g})"
+        expect(got is not None, EX_COPY, f"{call} to return a number of milliseconds", f"a value of type {typ}",
+               hint="what type does your function return?")
+        expect(close(got, want, rel=1e-6), EX_COPY, f"{call} = {want:.6g} ms", f"{got:.6g}",
+               hint=_copy_hint(nbytes, gbit, lat_us, got))
+    return f"{len(cases)} copies right, e.g. 256 MiB over {cases[0][1]:g} Gbit/s: {values[0]:.3f} ms"
+
+
+register(Exercise(EX_COPY, entry="predict_copy_ms", probe=_copy_probe, judge=_copy_judge, inputs=_copy_inputs))
+
+
+# ------------------------------------------------------------------------- ex04_overlap_makespan (CPU)
+
+
+def _makespan_inputs() -> dict:
+    rng = random.Random()
+    cases = [
+        [6, 2.0, 3.0, 1],
+        [6, 2.0, 3.0, 2],   # compute is the slower stage
+        [6, 3.0, 2.0, 2],   # copies are the slower stage
+        [1, 2.0, 3.0, 2],   # one chunk: nothing to overlap
+        [5, 1.5, 1.5, 2],
+        [8, 0.5, 4.0, 1],
+    ]
+    for streams in (1, 2):
+        cases.append([rng.randrange(2, 12), round(rng.uniform(0.2, 5.0), 3), round(rng.uniform(0.2, 5.0), 3), streams])
+    return {"cases": cases}
+
+
+def _makespan_probe(answer: Callable, inputs: dict) -> dict:
+    return _call_all(answer, inputs["cases"])
+
+
+def _makespan_hint(n: int, c: float, k: float, streams: int, got: float) -> str:
+    if streams == 1:
+        return "on one stream, can a copy and a compute ever run at the same time?"
+    suspects = [
+        (n * (c + k), "with the copies on their own stream, what is the copy engine doing while chunk i computes?"),
+        (n * max(c, k), "what runs before the first chunk's copy is done, and after the last copy is done?"),
+        (max(c, k) + n * min(c, k), "which stage sets the pace: the faster or the slower one?"),
+        (c + n * k, "which stage sets the pace when a copy takes longer than a compute?"),
+        (n * c + k, "which stage sets the pace when a compute takes longer than a copy?"),
+    ]
+    for value, hint in suspects:
+        if math.isclose(got, value, rel_tol=1e-6):
+            return hint
+    return "draw the two streams for three chunks: when does each copy and each compute start?"
+
+
+def _makespan_judge(inputs: dict, data: dict) -> str:
+    cases = inputs["cases"]
+    values = _values(data, cases, EX_MAKESPAN)
+    for (n, c, k, streams), got, typ in zip(cases, values, data.get("types", [""] * len(cases)), strict=False):
+        # One stream runs copy, compute, copy, ...; with a copy stream, chunk i+1's copy runs under chunk i's
+        # compute: the first copy and the last compute stick out, the slower stage sets the pace in between.
+        want = n * (c + k) if streams == 1 else c + k + (n - 1) * max(c, k)
+        call = f"makespan_ms({n}, {c:g}, {k:g}, streams={streams})"
+        expect(got is not None, EX_MAKESPAN, f"{call} to return a number of milliseconds", f"a value of type {typ}",
+               hint="what type does your function return?")
+        expect(close(got, want, rel=1e-6), EX_MAKESPAN, f"{call} = {want:.6g} ms", f"{got:.6g}",
+               hint=_makespan_hint(n, c, k, streams, got))
+    return f"{len(cases)} schedules right"
+
+
+register(Exercise(EX_MAKESPAN, entry="makespan_ms", probe=_makespan_probe, judge=_makespan_judge,
+                  inputs=_makespan_inputs))
+
+
+# ------------------------------------------------------------------------------- ex04_prefetcher (GPU)
 
 
 class _Source:
@@ -22,8 +195,11 @@ class _Source:
             self.taken += 1
             yield b
 
+    def __len__(self) -> int:
+        return len(self.batches)
 
-def late_copy_batches(batches: list[Any], delay_ms: float) -> list[Any]:
+
+def late_copy_batches(batches: list[Any], delay_ms: float, rate: float | None = None) -> list[Any]:
     """The same host batches, but every copy of one to the GPU starts `delay_ms` late.
 
     Before the copy, a sleep kernel is queued on the stream the copy goes to (whichever stream the
@@ -32,10 +208,10 @@ def late_copy_batches(batches: list[Any], delay_ms: float) -> list[Any]:
     """
     import torch
 
-    from ..events import cycles_per_ms
+    from ..measure import cycles_per_ms
 
     class LateCopy(torch.Tensor):
-        cycles = max(1, int(delay_ms * cycles_per_ms()))
+        cycles = max(1, int(delay_ms * (rate or cycles_per_ms())))
 
         @classmethod
         def __torch_function__(cls, func, types, args=(), kwargs=None):
@@ -63,90 +239,216 @@ def _copies_to_cuda(func: Any, args: tuple, kwargs: dict) -> bool:
     return False
 
 
-def run_prefetcher(prefetch: Callable, batches: list[Any], device: Any, tl: Any, compute_ms: float = 0.0
-                   ) -> tuple[list[Any], list[int]]:
-    """Feed `batches` through `prefetch(batches, device, tl)`; compute `b * 2 + 1` on each as it comes.
+def _batches(seed: int, n: int, numel: int) -> list[Any]:
+    """The host batches of one run: uniform floats from `seed`, made the same way in the judge."""
+    import torch
 
-    Returns the results and, for each batch received, how many batches the prefetcher had taken by then.
-    Compute reads its batch first (so a missing wait shows), then spins `compute_ms` on a GPU.
-    """
+    g = torch.Generator().manual_seed(seed)
+    return [torch.rand(numel, generator=g) for _ in range(n)]
+
+
+def _consume(prefetch: Callable, batches: list[Any], device: Any, compute_ms: float = 0.0,
+             rate: float | None = None) -> tuple[list[Any], list[int], list[str]]:
+    """Use the prefetcher as a training loop would: compute `b * 2 + 1` on each batch as it comes.
+
+    Compute reads its batch first (so a missing wait shows), then, on a GPU, sleeps `compute_ms`.
+    Returns the results, how many batches the prefetcher had taken when each came out, and problems seen."""
+    import torch
+
+    from ..measure import gpu_sleep
+
     source = _Source(batches)
-    outs, taken = [], []
-    for b in prefetch(source, device, tl):
+    outs, taken, problems = [], [], []
+    for b in prefetch(source, device):
         taken.append(source.taken)
-        with tl.span(f"compute {len(outs)}", kind="compute"):
-            outs.append(b * 2 + 1)
-            if compute_ms > 0:
-                from ..events import sleep_ms
+        i = len(taken) - 1
+        if type(b) is not torch.Tensor:
+            problems.append(f"batch {i} came out as a {type(b).__module__}.{type(b).__qualname__}, not a torch.Tensor")
+            break
+        if b.device.type != device.type or b.shape != batches[0].shape or b.dtype != batches[0].dtype:
+            problems.append(f"batch {i} came out as {b.dtype} {tuple(b.shape)} on {b.device}; expected "
+                            f"{batches[0].dtype} {tuple(batches[0].shape)} on {device.type}")
+            break
+        if i >= len(batches):
+            problems.append(f"more batches came out than the {len(batches)} that went in")
+            break
+        outs.append(b * 2 + 1)
+        if compute_ms > 0:
+            gpu_sleep(compute_ms, rate)
+    return outs, taken, problems
 
-                sleep_ms(compute_ms)
-    return outs, taken
 
-
-def judge_prefetcher(n: int, outs: list[Any], expected: list[Any], taken: list[int], device_ok: bool,
-                     hidden: float | None = None) -> None:
-    """The verdict on what was seen; `hidden` (copy time under compute, 0..1) is None when not measured."""
+def _result(kind: str, outs: list[Any], taken: list[int], problems: list[str], idx: list[int], **extra: Any) -> dict:
+    """One run as plain data: per batch the float64 sum of the result and its values at the judge's indices."""
     import torch
 
-    expect(len(outs) == n, EX_PREFETCH, f"{n} batches out for {n} in", len(outs))
-    expect(device_ok, EX_PREFETCH, "batches on the requested device", "a batch elsewhere",
-           hint="copy each host batch to `device`")
-    wrong = [i for i, (o, e) in enumerate(zip(outs, expected, strict=True)) if not torch.equal(o.cpu(), e)]
-    expect(not wrong, EX_PREFETCH, "every batch's result correct", f"wrong results for batches {wrong}",
-           hint="compute must wait for its batch's copy (an event), and a buffer must not be overwritten while in use")
-    ahead = [t - (i + 1) for i, t in enumerate(taken)]
-    expect(all(a >= 1 for a in ahead[:-1]), EX_PREFETCH,
-           "batch i+1 already taken (its copy started) when batch i is handed out",
-           f"batches taken ahead: {ahead}", hint="start the next copy before you yield the current batch")
-    if hidden is not None:
-        expect(hidden >= MIN_HIDDEN, EX_PREFETCH, f"at least {MIN_HIDDEN:.0%} of copy time hidden under compute",
-               f"{hidden:.0%}", hint="copy on a side stream, wrapped in tl.span(..., kind='h2d') on that stream")
+    at = torch.tensor(idx)
+    return {"kind": kind, "taken": taken, "problems": problems,
+            "sums": [o.double().sum().item() for o in outs],
+            "samples": [o[at.to(o.device)].tolist() for o in outs], **extra}
 
 
-def _one_run(prefetch: Callable, device: Any, tl: Any, batches: list[Any], compute_ms: float = 0.0) -> tuple:
-    expected = [b * 2 + 1 for b in batches]
-    outs, taken = run_prefetcher(prefetch, batches, device, tl, compute_ms)
-    device_ok = all(getattr(o, "device", None) is not None and o.device.type == device.type for o in outs)
-    return outs, expected, taken, device_ok
+def _schedule(inputs: dict) -> list[str]:
+    """The runs the probe makes, in order (run j uses seed inputs['seed'] + j)."""
+    r = inputs["repeats"]
+    return ["cpu"] + (["late"] * 2 + ["overlap"] * r + ["host"] * r if inputs["gpu"] else [])
 
 
-def check_prefetcher(prefetch: Callable, n_batches: int = 6, gpu_batch_mib: int = 32) -> None:
-    """`prefetch(batches, device, tl)` yields each batch on `device`, reading ahead; on a GPU, overlapped."""
+def _prefetch_inputs() -> dict:
+    rng = random.Random()
+    cpu_numel, gpu_numel = 1000, 32 * MiB // 4
+    return {"seed": rng.randrange(1 << 30), "n_batches": 6, "cpu_numel": cpu_numel, "gpu_numel": gpu_numel,
+            "cpu_idx": sorted({0, cpu_numel - 1, *rng.sample(range(cpu_numel), 30)}),
+            "gpu_idx": sorted({0, gpu_numel - 1, *rng.sample(range(gpu_numel), 30)}),
+            "late_ms": 2.0, "head_ms": 100.0, "repeats": 2}
+
+
+def _prefetch_probe(prefetch: Callable, inputs: dict) -> dict:
     import torch
 
+    n, seed = inputs["n_batches"], inputs["seed"]
+    kinds = _schedule(inputs)
+    runs = []
+    outs, taken, problems = _consume(prefetch, _batches(seed, n, inputs["cpu_numel"]), torch.device("cpu"))
+    runs.append(_result("cpu", outs, taken, problems, inputs["cpu_idx"]))
+    if not inputs["gpu"]:
+        return {"runs": runs}
+
+    from .. import bench
+    from ..measure import cycles_per_ms, gpu_sleep
     from ..timeline import Timeline
 
-    cpu = torch.device("cpu")
-    batches = [torch.randn(1000) for _ in range(n_batches)]
-    outs, expected, taken, dev_ok = _one_run(prefetch, cpu, Timeline(device="cpu"), batches)
-    judge_prefetcher(n_batches, outs, expected, taken, dev_ok)
-    print(f"{EX_PREFETCH}: correct and reading ahead with device='cpu' (the CPU stand-in)")
-    if not needs_gpu(EX_PREFETCH):
-        return
-    from .. import bench, events
+    gpu, numel, idx = torch.device("cuda", torch.cuda.current_device()), inputs["gpu_numel"], inputs["gpu_idx"]
+    rate = cycles_per_ms()
+    # The training loop's stream: a fresh side stream, one for all runs (its cached blocks are reused).
+    compute = torch.cuda.Stream()
+    src, dst = torch.rand(numel).pin_memory(), torch.empty(numel, device=gpu)
+    copy_ms = bench.measure("h2d", numel * 4, lambda: dst.copy_(src, non_blocking=True)).time_ms
+    compute_ms = max(0.5, 2 * copy_ms)  # each batch's compute takes about two copies: room to hide them
+    # Fill the compute stream's share of the caching allocator first. A cudaMalloc issued between two streams'
+    # work keeps them from running concurrently (CUDA's implicit synchronisation), which would hide a missing
+    # wait in the first run; with cached blocks nothing is allocated from CUDA during the runs.
+    with torch.cuda.stream(compute):
+        warm = [torch.empty(numel, device=gpu) for _ in range(n + 4)]
+    del warm
 
-    events.cycles_per_ms()  # calibrate the compute kernel now, not inside a timed run
-    gpu = torch.device("cuda")
-    numel = gpu_batch_mib * (1 << 20) // 4
-    probe = torch.empty(numel, device=gpu)
-    pinned = torch.empty(numel).pin_memory()
-    copy_ms = bench.measure("h2d", numel * 4, lambda: probe.copy_(pinned, non_blocking=True)).time_ms
-    compute_ms = max(0.5, 2 * copy_ms)
-    hidden: float | None = None
-    # Fresh data each run, so a stale buffer cannot look right. The first two runs compute nothing but
-    # b * 2 + 1 and every copy starts 2 ms late, so a compute that does not wait for its copy reads an
-    # unfilled buffer; the last run computes about twice as long as a copy takes, and its overlap is judged.
-    for run_compute_ms in (0.0, 0.0, compute_ms):
-        batches = [torch.rand(numel).pin_memory() for _ in range(n_batches)]
-        if run_compute_ms == 0.0:
-            batches = late_copy_batches(batches, delay_ms=2.0)
-        compute = torch.cuda.Stream()  # a side stream: avoid the legacy default stream's implicit syncs
-        with torch.cuda.stream(compute):
-            tl = Timeline()
-            outs, expected, taken, dev_ok = _one_run(prefetch, gpu, tl, batches, run_compute_ms)
+    def host_batches(j: int) -> list[Any]:
+        return [b.pin_memory() for b in _batches(seed + j, n, numel)]
+
+    for j, kind in enumerate(kinds[1:], start=1):
+        batches = host_batches(j)
         torch.cuda.synchronize()
-        hidden = (tl.stats().copy_compute_overlap or 0.0) if run_compute_ms > 0 else None
-        judge_prefetcher(n_batches, outs, expected, taken, dev_ok, hidden)
-    hidden = hidden or 0.0
-    passed(EX_PREFETCH, f"correct on 3 runs; {hidden:.0%} of copy time hidden under compute")
+        extra: dict[str, Any] = {}
+        if kind == "late":  # every copy starts late: compute that does not wait for it reads stale data
+            with torch.cuda.stream(compute):
+                outs, taken, problems = _consume(prefetch, late_copy_batches(batches, inputs["late_ms"], rate), gpu)
+        elif kind == "overlap":  # what ran when, from the profiler: only its memcpy records are copies
+            tl = Timeline(mode="kernels")
+            tl.name_stream(compute, COMPUTE_ROW)
+            with torch.cuda.stream(compute), tl.capture():
+                outs, taken, problems = _consume(prefetch, batches, gpu, compute_ms, rate)
+                torch.cuda.synchronize()
+            extra["spans"] = [s.to_dict() for s in tl.spans()]
+        else:  # "host": with a long sleep queued first, a host that waits for the GPU is seen waiting
+            with torch.cuda.stream(compute):
+                gpu_sleep(inputs["head_ms"], rate)
+                t0 = time.perf_counter()
+                outs, taken, problems = _consume(prefetch, batches, gpu)
+                extra["host_ms"] = (time.perf_counter() - t0) * 1e3
+        torch.cuda.synchronize()
+        runs.append(_result(kind, outs, taken, problems, idx, **extra))
+        del outs
+    return {"runs": runs, "copy_ms": copy_ms, "compute_ms": compute_ms}
 
+
+def _union_ms(intervals: list[tuple[float, float]]) -> float:
+    total, end = 0.0, -math.inf
+    for a, b in sorted(intervals):
+        if b > end:
+            total += b - max(a, end)
+            end = b
+    return total
+
+
+def copy_hidden(spans: list[dict], n_batches: int, compute_row: str = COMPUTE_ROW) -> tuple[float | None, str]:
+    """Share of copy time hidden under compute, from a run's kernel-accurate spans, and a note.
+
+    Copies: the profiler's host-to-device memcpy records (kind "h2d"), one per batch. Compute: kernels on the
+    probe's compute stream. hidden = (copy busy + compute busy - makespan) / copy busy, the makespan running
+    from the first copy's start to the last compute's end: one stream gives about 0, a perfect pipeline of
+    n batches whose compute is longer than a copy (n-1)/n. Extra copies or compute elsewhere cannot raise it
+    (copies are counted, other streams' kernels are ignored). Returns (None, why) when it cannot be measured.
+    """
+    copies = [(s["start_ms"], s["end_ms"]) for s in spans if s.get("kind") == "h2d"]
+    compute = [(s["start_ms"], s["end_ms"]) for s in spans
+               if s.get("kind") == "compute" and s.get("stream") == compute_row]
+    if len(copies) != n_batches:
+        return None, f"{len(copies)} host-to-device copies on the profiler's record for {n_batches} batches"
+    if not compute:
+        return None, f"no kernels on the {compute_row!r} stream on the profiler's record"
+    t0, t1 = min(a for a, _ in copies), max(b for _, b in compute)
+    copy_busy = _union_ms(copies)
+    compute_busy = _union_ms([(max(a, t0), min(b, t1)) for a, b in compute if b > t0 and a < t1])
+    if copy_busy <= 0:
+        return None, "copies of zero length"
+    hidden = (copy_busy + compute_busy - (t1 - t0)) / copy_busy
+    return hidden, f"makespan {t1 - t0:.2f} ms for {copy_busy:.2f} ms of copies and {compute_busy:.2f} ms of compute"
+
+
+def _expected(seed: int, n: int, numel: int, idx: list[int]) -> tuple[list[float], list[list[float]]]:
+    import torch
+
+    at = torch.tensor(idx)
+    outs = [b * 2 + 1 for b in _batches(seed, n, numel)]
+    return [o.double().sum().item() for o in outs], [o[at].tolist() for o in outs]
+
+
+def _prefetch_judge(inputs: dict, data: dict) -> str:
+    n = inputs["n_batches"]
+    kinds = _schedule(inputs)
+    runs = data.get("runs")
+    expect(type(runs) is list and [r.get("kind") for r in runs] == kinds, EX_PREFETCH,
+           f"the probe's runs {kinds}", [r.get("kind") for r in runs] if type(runs) is list else runs)
+    for j, (kind, run) in enumerate(zip(kinds, runs, strict=True)):
+        where = "with device='cpu'" if kind == "cpu" else f"on the GPU (run {j}, {kind})"
+        problems = run["problems"]
+        expect(not problems, EX_PREFETCH, f"each batch yielded as a torch.Tensor on the device asked for {where}",
+               problems[0] if problems else "", hint="what does your generator yield, and where does it live?")
+        expect(len(run["sums"]) == n, EX_PREFETCH, f"{n} batches out for {n} in {where}", len(run["sums"]),
+               hint="does your generator yield the last batch too?")
+        numel, idx = (inputs["cpu_numel"], inputs["cpu_idx"]) if kind == "cpu" else \
+            (inputs["gpu_numel"], inputs["gpu_idx"])
+        sums, samples = _expected(inputs["seed"] + j, n, numel, idx)
+        wrong = [i for i in range(n) if not (close(run["sums"][i], sums[i], rel=1e-9)
+                                               and run["samples"][i] == samples[i])]
+        expect(not wrong, EX_PREFETCH, f"every batch's data right {where}", f"wrong data in batches {wrong}",
+               hint="when the compute reads buffer k, has the copy into it finished, and has no later copy "
+                    "started writing into it?")
+        ahead = [t - (i + 1) for i, t in enumerate(run["taken"])]
+        expect(all(a >= 1 for a in ahead[:-1]), EX_PREFETCH,
+               f"batch i+1 already taken (its copy started) when batch i is handed out {where}",
+               f"batches taken ahead: {ahead}", hint="when does the copy of batch i+1 start: before or after you "
+                                                       "yield batch i?")
+    if not inputs["gpu"]:
+        return "correct and reading ahead with device='cpu'"
+
+    measured = [copy_hidden(r["spans"], n) for r in runs if r["kind"] == "overlap"]
+    for hidden, note in measured:
+        expect(hidden is not None, EX_PREFETCH, "one host-to-device copy per batch and compute on the loop's "
+               "stream, on the profiler's record", note, hint="how many copies does your prefetcher make per batch?")
+    hidden, note = max(measured, key=lambda m: m[0])
+    expect(hidden >= MIN_HIDDEN, EX_PREFETCH, f"at least {MIN_HIDDEN:.0%} of the copy time hidden under compute "
+           "(best of the runs)", f"{hidden:.0%} ({note})",
+           hint="on which stream do your copies run, and can they start while the previous batch computes?")
+    host = min(r["host_ms"] for r in runs if r["kind"] == "host")
+    head = inputs["head_ms"]
+    expect(host <= HOST_SHARE_MAX * head, EX_PREFETCH,
+           f"all {n} batches handed out while {head:g} ms of earlier work still queued on the GPU (at most "
+           f"{HOST_SHARE_MAX * head:g} ms of host time)", f"{host:.1f} ms",
+           hint="does anything in your generator make the host wait for the GPU?")
+    return (f"correct on {len(runs)} runs; {hidden:.0%} of the copy time hidden ({note}); "
+            f"host handed out {n} batches in {host:.1f} ms ahead of {head:g} ms of queued GPU work")
+
+
+register(Exercise(EX_PREFETCH, entry="prefetch", probe=_prefetch_probe, judge=_prefetch_judge,
+                  inputs=_prefetch_inputs, needs_gpu=True, cpu_part=True, timeout_s=180.0))

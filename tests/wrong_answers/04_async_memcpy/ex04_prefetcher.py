@@ -1,17 +1,16 @@
-# ruff: noqa: F821  (torch and events come from the notebook)
-# Wrong: one device buffer instead of two. The next batch's copy lands in the buffer the caller is
-# about to read, so batch i is replaced by batch i+1.
-def prefetch(batches, device, tl):
+    ### BEGIN SOLUTION
+    # Wrong: one device buffer instead of two. The next batch's copy lands in the buffer the caller is
+    # about to read, so batch i is replaced by batch i+1 (wrong data on a CPU too).
     dev = torch.get_device_module(device)
     copy_stream, compute_stream = dev.Stream(), dev.current_stream()
     buf = None
     copied, used = dev.Event(), dev.Event()
 
-    def start_copy(i, batch):
+    def start_copy(batch):
         nonlocal buf
         if buf is None:
             buf = torch.empty_like(batch, device=device)
-        with dev.stream(copy_stream), tl.span(f"h2d {i}", kind="h2d"):
+        with dev.stream(copy_stream):
             copy_stream.wait_event(used)
             buf.copy_(batch, non_blocking=True)
         copied.record(copy_stream)
@@ -20,15 +19,14 @@ def prefetch(batches, device, tl):
     first = next(it, None)
     if first is None:
         return
-    start_copy(0, first)
-    i = 0
+    start_copy(first)
     while True:
         nxt = next(it, None)
         if nxt is not None:
-            start_copy(i + 1, nxt)
+            start_copy(nxt)
         compute_stream.wait_event(copied)
         yield buf
         used.record(compute_stream)
         if nxt is None:
             return
-        i += 1
+    ### END SOLUTION

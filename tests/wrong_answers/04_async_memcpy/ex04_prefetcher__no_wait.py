@@ -1,6 +1,5 @@
-# ruff: noqa: F821  (torch and events come from the notebook)
-# Wrong: the caller's stream never waits for the copy, so compute may read a buffer still being filled.
-def prefetch(batches, device, tl):
+    ### BEGIN SOLUTION
+    # Wrong: the caller's stream never waits for the copy, so compute may read a buffer still being filled.
     dev = torch.get_device_module(device)
     copy_stream, compute_stream = dev.Stream(), dev.current_stream()
     bufs = [None, None]
@@ -10,7 +9,7 @@ def prefetch(batches, device, tl):
         k = i % 2
         if bufs[k] is None:
             bufs[k] = torch.empty_like(batch, device=device)
-        with dev.stream(copy_stream), tl.span(f"h2d {i}", kind="h2d"):
+        with dev.stream(copy_stream):
             copy_stream.wait_event(used[k])
             bufs[k].copy_(batch, non_blocking=True)
 
@@ -29,3 +28,4 @@ def prefetch(batches, device, tl):
         if nxt is None:
             return
         i += 1
+    ### END SOLUTION
