@@ -1,4 +1,5 @@
-"""Small measuring tools the lessons share: a GPU sleep of known length, and medians of repeats.
+"""Small measuring tools the lessons share: a GPU sleep of known length, the best of repeats, and a
+counter of host syncs.
 
 `torch.cuda._sleep(cycles)` spins one thread for a number of GPU clock cycles: one block on one SM,
 so it leaves the rest of the GPU idle. Clocks differ between GPUs (and with boost), so
@@ -8,10 +9,19 @@ so it leaves the rest of the GPU idle. Clocks differ between GPUs (and with boos
 from __future__ import annotations
 
 import functools
+import os
 import statistics
-from collections.abc import Callable
+import sys
+import warnings
+import weakref
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 
 @functools.lru_cache(maxsize=8)
@@ -41,3 +51,226 @@ def gpu_sleep(ms: float, rate: float | None = None) -> None:
 def best_of(fn: Callable[[], float], repeats: int = 3) -> float:
     """The smallest of `repeats` calls of a timing function: noise on a shared machine only adds time."""
     return min(fn() for _ in range(repeats))
+
+
+# ----------------------------------------------------------------------------------- counting host syncs
+
+SYNC_WARNING = "called a synchronizing CUDA operation"  # c10/cuda/CUDAFunctions.cpp, warn_or_error_on_sync
+
+# Tensor methods that hand tensor *data* to Python (or to host memory): on a CUDA tensor each waits for the GPU.
+_READ_METHODS = ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__", "__index__", "__complex__",
+                 "__repr__", "__format__", "__array__")
+# aten ops whose result the host needs before it can go on: on CUDA each one is a sync.
+_READ_OPS = frozenset({
+    "_local_scalar_dense", "equal", "allclose", "is_nonzero",  # a value (or a bool) for Python
+    "nonzero", "masked_select", "index", "_unique", "_unique2", "unique_dim", "unique_consecutive",
+    "unique_dim_consecutive", "bincount", "repeat_interleave",  # a shape that depends on the data
+})
+
+
+@dataclass
+class SyncCount:
+    """What `count_syncs()` saw; filled in while the block runs, complete when it ends."""
+
+    count: int = 0
+    calls: list[str] = field(default_factory=list)  # what each counted sync was: "Tensor.item", "aten.nonzero", ...
+    where: list[str] = field(default_factory=list)  # the line of your code that made it: "file:line"
+    debug_syncs: int | None = None  # raw reports of torch.cuda.set_sync_debug_mode (None where CUDA is absent)
+
+
+class _Counter:
+    """State shared by the two modes: what to count, and how deep we are inside a counted call."""
+
+    def __init__(self, result: SyncCount, cpu_as_device: bool):
+        self.result, self.cpu_as_device = result, cpu_as_device
+        self.depth = 0  # >0 inside a counted call: the reads it makes itself (print -> item ...) are one sync
+        self.host: dict[int, weakref.ref] = {}  # CPU-as-device mode: tensors that are already host copies
+        self.absorbed: set[int] = set()  # ids of sync-debug warnings raised inside counted calls (theirs)
+        self.caught: list | None = None
+
+    def on_device(self, t: Any) -> bool:
+        if not isinstance(t, torch.Tensor):
+            return False
+        if t.device.type != "cpu":
+            return t.device.type != "meta"
+        ref = self.host.get(id(t))
+        return self.cpu_as_device and not (ref is not None and ref() is t)
+
+    def mark_host(self, out: Any) -> None:
+        for t in out if isinstance(out, (list, tuple)) else (out,):
+            if isinstance(t, torch.Tensor):
+                key = id(t)
+                self.host[key] = weakref.ref(t, lambda _, key=key: self.host.pop(key, None))
+
+    def counted(self, name: str, run: Callable[[], Any]) -> Any:
+        """Run a call that reads device data: count it once, with the line of user code that made it."""
+        self.result.calls.append(name)
+        self.result.where.append(_user_line())
+        self.result.count += 1
+        before = len(self.caught) if self.caught is not None else 0
+        self.depth += 1
+        try:
+            return run()
+        finally:
+            self.depth -= 1
+            if self.caught is not None:
+                self.absorbed.update(id(w) for w in self.caught[before:])
+
+
+def _user_line() -> str:
+    """file:line of the innermost frame outside torch and this module (where the sync is in the user's code)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        path = frame.f_code.co_filename
+        if not (path.startswith(_TORCH_DIR) or path == __file__ or path.startswith("<frozen")):
+            return f"{path}:{frame.f_lineno}"
+        frame = frame.f_back
+    return "?"
+
+
+_TORCH_DIR = os.path.dirname(torch.__file__)
+
+
+class _ReadCalls(TorchFunctionMode):
+    """Python-level calls that read tensor data: t.item(), float(t), if t:, print(t), t.cpu(), t.tolist(), ..."""
+
+    def __init__(self, counter: _Counter):
+        super().__init__()
+        self.c = counter
+        self.reads = {getattr(torch.Tensor, name): name for name in _READ_METHODS}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        c = self.c
+        name = self.reads.get(func) if c.depth == 0 else None
+        if name is None and func is torch.Tensor.to and c.depth == 0 and args[0].device.type != "cpu":
+            # Only a real device-to-host copy: on a CPU machine .to("cpu") is also .to(device), a move to the device.
+            device, _, non_blocking, _ = torch._C._nn._parse_to(*args[1:], **kwargs)
+            if device is not None and device.type == "cpu" and not non_blocking:
+                name = "to"
+        if name is None or not (args and c.on_device(args[0])):
+            out = func(*args, **kwargs)
+            if c.host:
+                tensors = [a for a in args if isinstance(a, torch.Tensor)]
+                if tensors and not any(c.on_device(a) for a in tensors):
+                    c.mark_host(out)  # computed from host copies only: on a GPU this would run on the CPU
+            return out
+        if name == "cpu" and args[0].device.type == "cpu":
+            # On a GPU this is a copy into a new host tensor; here the call would return the tensor itself.
+            # A view stands in for that copy, so the tensor it came from still counts as device data.
+            out = c.counted(f"Tensor.{name}", lambda: args[0].view_as(args[0]))
+        else:
+            out = c.counted(f"Tensor.{name}", lambda: func(*args, **kwargs))
+        if name in ("cpu", "to"):
+            c.mark_host(out)
+        return out
+
+
+class _ReadOps(TorchDispatchMode):
+    """aten ops that need device data on the host, made inside C++ where no Python call shows them."""
+
+    def __init__(self, counter: _Counter):
+        super().__init__()
+        self.c = counter
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        c = self.c
+        if c.depth == 0 and _is_read_op(func, args, kwargs) and args and c.on_device(args[0]):
+            return c.counted(f"aten.{func.overloadpacket.__name__}", lambda: func(*args, **kwargs))
+        if c.depth == 0 and func.overloadpacket.__name__ in ("_to_copy", "copy_") and _is_d2h(func, args, kwargs):
+            return c.counted(f"aten.{func.overloadpacket.__name__} (device to host)", lambda: func(*args, **kwargs))
+        return func(*args, **kwargs)
+
+
+def _is_read_op(func: Any, args: tuple, kwargs: dict) -> bool:
+    name = func.overloadpacket.__name__
+    if name not in _READ_OPS:
+        return False
+    if name == "index":  # only a boolean mask makes the result's shape depend on the data
+        return any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in args[1])
+    if name == "repeat_interleave":  # tensor repeats without output_size: the shape depends on the data
+        return func._overloadname in ("Tensor", "self_Tensor") and kwargs.get("output_size") is None
+    return True
+
+
+def _is_d2h(func: Any, args: tuple, kwargs: dict) -> bool:
+    """A blocking copy from a GPU tensor into host memory (a non_blocking one does not wait)."""
+    if kwargs.get("non_blocking") or (len(args) > 2 and args[2] is True):
+        return False
+    if func.overloadpacket.__name__ == "copy_":
+        dst, src = args[0], args[1]
+        return dst.device.type == "cpu" and src.device.type == "cuda"
+    dev = kwargs.get("device")
+    return args[0].device.type == "cuda" and dev is not None and torch.device(dev).type == "cpu"
+
+
+@contextmanager
+def count_syncs(cpu_as_device: bool | None = None) -> Iterator[SyncCount]:
+    """Count the host syncs (reads of device data) made inside the block.
+
+        with count_syncs() as s:
+            loss.item(); print(t); torch.nonzero(t)
+        s.count, s.calls, s.where   # 3, ['Tensor.item', 'Tensor.__repr__', 'aten.nonzero'], [file:line, ...]
+
+    Three instruments, so that neither Python nor C++ reads slip past:
+    - a TorchFunctionMode sees the Python calls that hand tensor data to Python or host memory:
+      `.item()`, `float(t)`, `int(t)`, `bool(t)` (so `if t:`), `print(t)`/`repr`/`format`, `.cpu()`,
+      `.to("cpu")` of a GPU tensor, `.tolist()`, `.numpy()`;
+    - a TorchDispatchMode sees the aten ops that do it below Python: `_local_scalar_dense` (indexing
+      with a 0-d tensor, `allclose`, ...), blocking device-to-host copies, and ops whose output shape
+      depends on the data (`nonzero`, `masked_select`, boolean-mask indexing, `unique`, `bincount`, ...);
+    - with CUDA, `torch.cuda.set_sync_debug_mode("warn")` reports every sync made through c10's
+      `memcpy_and_sync`/`stream_synchronize` (item, D2H copies, nonzero, `Stream.synchronize()`), even
+      inside C++ kernels; those not already inside a counted call are counted one each.
+    Each counted call counts once (print(t) on a CUDA tensor makes many syncs inside; `debug_syncs` has the
+    raw number). Reads inside the Python code of other torch functions are seen as the operators they run.
+    `torch.cuda.synchronize()` and `Event.synchronize()` are waits you wrote yourself: they are not
+    counted (set_sync_debug_mode does not report them either); time them instead.
+
+    cpu_as_device: count reads of CPU tensors too, as if they lived on a GPU (default: True when CUDA is
+    unavailable, so a CPU-only machine finds the same sync points). Tensors that came from `.cpu()` inside
+    the block, and tensors computed from them alone, are host data then and are not counted. There,
+    `.to("cpu")` is not counted: on a CPU machine it cannot be told from `.to(device)`.
+    Syncs made in autograd's backward threads are not seen by the warning filter (there are none in
+    ordinary layers).
+    """
+    if cpu_as_device is None:
+        cpu_as_device = not torch.cuda.is_available()
+    result = SyncCount()
+    counter = _Counter(result, cpu_as_device)
+    cuda = torch.cuda.is_available()
+    caught: list = []
+    try:
+        with warnings.catch_warnings(record=True) as recorded:
+            warnings.simplefilter("always")
+            counter.caught = recorded if cuda else None
+            previous = torch.cuda.get_sync_debug_mode() if cuda else None
+            if cuda:
+                torch.cuda.set_sync_debug_mode("warn")
+            try:
+                with _ReadCalls(counter), _ReadOps(counter):
+                    yield result
+            finally:
+                if cuda:
+                    torch.cuda.set_sync_debug_mode(previous)
+                caught = list(recorded)
+    finally:  # also when the block raised: the counts so far, and the user's own warnings passed on
+        _settle(result, counter, caught, cuda)
+
+
+def _settle(result: SyncCount, counter: _Counter, caught: list, cuda: bool) -> None:
+    """Count the debug-mode reports no counted call explains; pass on every warning that is not ours."""
+    if cuda:
+        syncs = [w for w in caught if SYNC_WARNING in str(w.message)]
+        result.debug_syncs = len(syncs)
+        for w in syncs:
+            if id(w) not in counter.absorbed:  # a sync inside C++ that no counted call explains
+                result.calls.append("CUDA sync (set_sync_debug_mode)")
+                result.where.append(f"{w.filename}:{w.lineno}")
+                result.count += 1
+    for w in caught:
+        # The first set_sync_debug_mode() of a process also warns that the mode is a prototype: not news.
+        text = str(w.message)
+        if SYNC_WARNING not in text and "detect all synchronizing operations" not in text:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)

@@ -1,240 +1,32 @@
-"""Lesson 01 (host and device): measurement helpers, the exercise check against right and wrong steps,
-the reference recording, and the notebook's exercise cells run with the solution and the wrong answer."""
+"""Lesson 01 (host and device): the checks' judges on plain data, both exercises end to end with the
+master's solutions and every wrong answer, the notebook's shape, its recording, and (on a GPU) the facts
+its cells show, run from the notebook's own code."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 from pathlib import Path
 
 import matplotlib
 import pytest
 import torch
-import torch.nn.functional as F
 
 from course_utils import checks, reference
-from course_utils import host_device as hd
-from course_utils.checks.host_device import check_hidden_syncs
-from course_utils.timeline import Timeline
+from course_utils.checks import host_device as hd
 from tests.exercise_cells import exercise_cells, run_cells
 
 matplotlib.use("Agg")
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "01_host_and_device.ipynb"
-EX = "ex01_hidden_syncs"
+STEM = NOTEBOOK.stem
+WRONG = ROOT / "tests" / "wrong_answers" / STEM
+HOST_MODEL, HIDDEN = "ex01_host_model", "ex01_hidden_syncs"
 HAS_CUDA = torch.cuda.is_available()
-
-
-# ------------------------------------------------------------------------------ step functions
-
-
-def fast_step(model, opt, x, y, history):  # the solution
-    opt.zero_grad(set_to_none=True)
-    out = model(x)
-    loss = F.cross_entropy(out, y)
-    loss.backward()
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)
-    opt.step()
-    acc = (out.argmax(dim=1) == y).float().mean()
-    history.append({"loss": loss.detach(), "grad_norm": grad_norm, "acc": acc})
-
-
-def half_fixed_step(model, opt, x, y, history):  # still reads the norm
-    opt.zero_grad(set_to_none=True)
-    out = model(x)
-    loss = F.cross_entropy(out, y)
-    loss.backward()
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)
-    opt.step()
-    history.append({"loss": loss.detach(), "grad_norm": float(grad_norm), "acc": (out.argmax(1) == y).float().mean()})
-
-
-def printing_step(model, opt, x, y, history):  # no .item(), but prints the loss tensor
-    fast_step(model, opt, x, y, history)
-    print(f"loss {history[-1]['loss']:.3f}")
-
-
-def branching_step(model, opt, x, y, history):  # skips bad steps with `if`: bool(tensor) reads the value
-    opt.zero_grad(set_to_none=True)
-    out = model(x)
-    loss = F.cross_entropy(out, y)
-    loss.backward()
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)
-    if torch.isfinite(grad_norm):
-        opt.step()
-    history.append({"loss": loss.detach(), "grad_norm": grad_norm, "acc": (out.argmax(1) == y).float().mean()})
-
-
-def no_clip_step(model, opt, x, y, history):  # no syncs, but forgets the clipping: different weights
-    opt.zero_grad(set_to_none=True)
-    out = model(x)
-    loss = F.cross_entropy(out, y)
-    loss.backward()
-    grad_norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model.parameters()]))
-    opt.step()
-    history.append({"loss": loss.detach(), "grad_norm": grad_norm, "acc": (out.argmax(1) == y).float().mean()})
-
-
-def wrong_keys_step(model, opt, x, y, history):
-    fast_step(model, opt, x, y, history)
-    history[-1] = {"loss": history[-1]["loss"]}
-
-
-# ------------------------------------------------------------------------------ the check
-
-
-def test_solution_passes_or_skips_on_cpu(capsys, monkeypatch):
-    monkeypatch.delenv("COURSE_REQUIRE_GPU", raising=False)
-    check_hidden_syncs(fast_step)
-    out = capsys.readouterr().out
-    assert (checks.PASS_MARKER if HAS_CUDA else checks.SKIP_MARKER) in out
-
-
-@pytest.mark.parametrize("step", [hd.slow_train_step, half_fixed_step, printing_step, branching_step,
-                                  hd.bare_train_step, no_clip_step, wrong_keys_step])
-def test_wrong_steps_fail_everywhere(step, monkeypatch):
-    monkeypatch.delenv("COURSE_REQUIRE_GPU", raising=False)
-    with pytest.raises(checks.CheckFailed, match=EX):
-        check_hidden_syncs(step)
-
-
-def test_failure_message_names_the_reads(monkeypatch):
-    monkeypatch.delenv("COURSE_REQUIRE_GPU", raising=False)
-    with pytest.raises(checks.CheckFailed) as err:
-        check_hidden_syncs(half_fixed_step)
-    assert "expected no host reads" in str(err.value) and "__float__" in str(err.value)
-
-
-def test_without_a_gpu_the_check_skips_or_fails_under_require_gpu(monkeypatch, capsys):
-    """Pretend there is no GPU (so this runs on GPU machines too): skip normally, fail under COURSE_REQUIRE_GPU=1."""
-    monkeypatch.setattr(checks, "gpu_available", lambda: False)
-    monkeypatch.delenv("COURSE_REQUIRE_GPU", raising=False)
-    check_hidden_syncs(fast_step)
-    assert checks.SKIP_MARKER in capsys.readouterr().out
-    monkeypatch.setenv("COURSE_REQUIRE_GPU", "1")
-    with pytest.raises(checks.CheckFailed, match="needs a GPU"):
-        check_hidden_syncs(fast_step)
-
-
-@pytest.mark.gpu
-def test_gpu_timing_part_catches_a_sync_the_reads_counter_cannot_see(monkeypatch):
-    """torch.nonzero syncs inside C++ (no Python host read): only the GPU part of the check sees it."""
-    monkeypatch.delenv("COURSE_REQUIRE_GPU", raising=False)
-
-    def nonzero_step(model, opt, x, y, history):
-        fast_step(model, opt, x, y, history)
-        torch.nonzero(y)  # data-dependent shape: the host waits for the GPU
-
-    with pytest.raises(checks.CheckFailed, match="syncs per step"):
-        check_hidden_syncs(nonzero_step)
-
-
-# ------------------------------------------------------------------------------ helpers
-
-
-def test_count_host_reads_counts_each_kind_once_and_restores_tensor():
-    before = {name: torch.Tensor.__dict__.get(name) for name in hd.HOST_READS}
-    t = torch.arange(4.0)
-    with hd.count_host_reads() as reads:
-        t.sum().item()
-        float(t[0])
-        str(t)
-        f"{t.sum():.1f}"
-        t.tolist()
-        bool(t[1] > 0)
-        _ = t * 2, t.shape, t.sum()  # no reads
-    assert reads.calls == ["item", "__float__", "__repr__", "__format__", "tolist", "__bool__"]
-    assert reads.count == 6
-    assert {name: torch.Tensor.__dict__.get(name) for name in hd.HOST_READS} == before
-    with hd.count_host_reads() as none:
-        t * 3
-    assert none.count == 0
-
-
-def test_training_helpers_on_cpu():
-    p = hd.make_train_problem("cpu", 16, 8)
-    q = hd.make_train_problem("cpu", 16, 8)
-    assert all(torch.equal(a, b) for a, b in zip(p.model.parameters(), q.model.parameters(), strict=True))
-    out = hd.run_steps(fast_step, p, 3)
-    assert len(out["history"]) == 3 and out["total_ms"] >= out["issue_ms"] >= 0
-    floats = hd.history_as_floats(out["history"])
-    assert set(floats[0]) == {"loss", "grad_norm", "acc"} and all(isinstance(v, float) for v in floats[0].values())
-    slow = hd.history_as_floats(hd.run_steps(hd.slow_train_step, q, 3)["history"])
-    assert all(a == pytest.approx(b) for a, b in zip(slow, floats, strict=True))
-    costs = hd.train_step_costs(hd.slow_train_step, "cpu", 16, 8, 2)
-    assert costs["syncs_per_step"] == 4  # item, __float__, cpu, tolist
-
-
-def test_cpu_measurements_have_the_documented_shape():
-    launch = hd.launch_vs_finish("cpu", 64, n=2, repeats=1)
-    assert launch["work_done_ms"] >= launch["calls_return_ms"] > 0
-    timing = hd.timing_methods("cpu", 64, n=2, repeats=1)
-    assert timing["cuda_events_ms"] is None and timing["perf_counter_synced_ms"] > 0
-    spans = hd.async_launch_timeline("cpu", 64, n=3)
-    kinds = {(s["kind"], s["stream"]) for s in spans}
-    assert kinds == {("compute", "cpu work"), ("host", "host")}
-    assert [s["name"] for s in spans][-1] == "torch.cuda.synchronize()"
-    assert len(spans) == 7
-    costs = hd.creation_costs("cpu", 1024, repeats=1)
-    assert costs["randn_on_device_ms"] > 0 and costs["randn_then_to_ms"] > 0
-
-
-def test_gpu_only_helpers_say_so_without_cuda(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
-        hd.sync_stalls()
-    with pytest.raises(RuntimeError, match="needs CUDA"):
-        with hd.count_syncs():
-            pass
-
-
-@pytest.mark.gpu
-def test_sync_stalls_on_gpu():
-    data = hd.sync_stalls(busy_ms=10.0)
-    rows = {r["call"]: r for r in data["rows"]}
-    for call in ("t[0].item()", "t.cpu()", "t.tolist()", "print(t)", "torch.cuda.synchronize()"):
-        assert rows[call]["host_ms"] > 5.0, (call, rows[call])
-    for call in ("t.shape", "t * 2", "t.sum()"):
-        assert rows[call]["host_ms"] < 2.0, (call, rows[call])
-        assert rows[call]["syncs"] == 0
-    assert rows["t[0].item()"]["syncs"] >= 1
-
-
-@pytest.mark.gpu
-def test_gpu_launch_returns_before_the_work():
-    launch = hd.launch_vs_finish("cuda", 2048, n=8)
-    assert launch["work_done_ms"] > 3 * launch["calls_return_ms"]
-    t = hd.timing_methods("cuda", 2048, n=8)
-    assert t["cuda_events_ms"] == pytest.approx(t["perf_counter_synced_ms"], rel=0.5)
-    assert t["perf_counter_no_sync_ms"] < 0.5 * t["cuda_events_ms"]
-
-
-# ------------------------------------------------------------------------------ the recording
-
-
-def test_reference_recording_is_complete_and_plots():
-    if "01_host_device" not in reference.available():
-        pytest.skip("no reference recording 01_host_device yet: make it on a GPU with "
-                    "python benchmarks/record_references.py 01_host_device")
-    rec = reference.load("01_host_device")
-    assert rec.provenance.get("gpu") and rec.provenance.get("torch") and rec.provenance.get("date")
-    assert "recorded on" in rec.label()
-    for key in ("launch", "timeline", "stalls", "timing", "creation", "train_slow", "train_bare"):
-        assert key in rec.data, key
-    assert [r["call"] for r in rec.data["stalls"]["rows"]] == list(hd.SYNC_POINTS)
-    import matplotlib.pyplot as plt
-
-    for fig in (Timeline.from_spans(rec.data["timeline"]).plot(title="t"), hd.plot_sync_stalls(rec.data["stalls"]),
-                Timeline.from_spans(rec.data["stalls"]["spans"]).plot(title="s"),
-                hd.plot_train_costs({"a": rec.data["train_slow"], "b": rec.data["train_bare"]})):
-        plt.close(fig)
-
-
-def test_recording_is_registered():
-    assert hd.RECORDINGS == {"01_host_device": hd.record_lesson01}
-
-
-# ------------------------------------------------------------------------------ the notebook's exercise
+# Wrong answers that only a GPU can catch: no host reads, but the host waits anyway.
+GPU_ONLY = {"ex01_hidden_syncs__sync_each_step", "ex01_hidden_syncs__event_sync"}
 
 
 @pytest.fixture(scope="module")
@@ -242,72 +34,353 @@ def notebook() -> dict:
     return json.loads(NOTEBOOK.read_text())
 
 
-def test_notebook_exercise_metadata(notebook):
-    cells = [c for c in notebook["cells"] if c["cell_type"] == "code"]
-    meta = {c["metadata"].get("nbgrader", {}).get("grade_id"): c["metadata"]["nbgrader"]
-            for c in cells if "nbgrader" in c["metadata"]}
-    assert meta[EX]["grade"] is True and meta[EX]["points"] > 0 and meta[EX]["locked"] is True
-    assert meta[f"{EX}_solution"]["solution"] is True
-    assert any("parameters" in c["metadata"].get("tags", []) for c in cells)
+@pytest.fixture(autouse=True)
+def _not_require_gpu(monkeypatch):
+    monkeypatch.delenv("COURSE_REQUIRE_GPU", raising=False)
 
 
-def test_notebook_exercise_with_solution(notebook):
-    text, error = run_cells(exercise_cells(notebook, EX, None))
+# ============================================================================ ex01_host_model on plain data
+
+
+def simulate(program):
+    """The host/GPU model written another way: a list of kernel intervals, a read waits for the last end."""
+    host, kernels, blocked = 0.0, [], 0.0
+    for what, ms in program:
+        if what == "gpu":
+            start = max(host, kernels[-1][1] if kernels else 0.0)
+            kernels.append((start, start + ms))
+        elif what == "cpu":
+            host += ms
+        else:
+            done = kernels[-1][1] if kernels else 0.0
+            if done > host:
+                blocked, host = blocked + done - host, done
+    return host, (kernels[-1][1] if kernels else 0.0), blocked
+
+
+def test_the_notebooks_program_by_hand():
+    program = [("gpu", 30), ("cpu", 10), ("read", 0), ("gpu", 20), ("gpu", 20), ("cpu", 50), ("read", 0),
+               ("gpu", 40), ("cpu", 5)]
+    # host: read waits 30 - 10; kernels queue to 70; the host works past 70; the last kernel starts at 80.
+    assert simulate(program) == (85.0, 120.0, 20.0)
+
+
+def _host_model_inputs():
+    ex = checks.exercise(HOST_MODEL)
+    return checks.plain({**ex.inputs(), "gpu": False}), ex
+
+
+def test_host_model_judge_passes_the_model_and_fails_each_wrong_number():
+    inputs, ex = _host_model_inputs()
+    results = [list(simulate(p)) for p in inputs["programs"]]
+    assert "programs" in ex.judge(inputs, {"results": results, "problem": None})
+    for k, name in enumerate(("host_done_ms", "gpu_done_ms", "blocked_ms")):
+        bad = [list(r) for r in results]
+        bad[5][k] += 1.0
+        with pytest.raises(checks.CheckFailed, match=name):
+            ex.judge(inputs, {"results": bad, "problem": None})
+    with pytest.raises(checks.CheckFailed, match="three numbers"):
+        ex.judge(inputs, {"results": [], "problem": "returned None"})
+    with pytest.raises(checks.CheckFailed, match="results"):
+        ex.judge(inputs, {"results": results[:-1], "problem": None})
+
+
+def test_host_model_inputs_are_fresh_and_cover_the_corner_cases():
+    a, _ = _host_model_inputs()
+    b, _ = _host_model_inputs()
+    assert a["programs"][:8] == b["programs"][:8] and a["programs"] != b["programs"]
+    outs = [simulate(p) for p in a["programs"][:8]]
+    assert any(o[2] == 0 and o[1] > 0 for o in outs)       # kernels, and no wait
+    assert any(o[1] > o[0] for o in outs)                   # the GPU finishes after the host
+    assert any(o[2] > 0 for o in outs)
+
+
+def test_host_model_probe_keeps_numbers_only_and_hands_out_copies():
+    inputs, ex = _host_model_inputs()
+    seen = []
+
+    def mutating(program):
+        seen.append(list(program))
+        program.clear() if isinstance(program, list) else None
+        return simulate(seen[-1])
+
+    data = ex.probe(mutating, inputs)
+    assert data["problem"] is None and len(data["results"]) == len(inputs["programs"])
+    assert all(type(v) is float for r in data["results"] for v in r)
+
+    class Anything:
+        def __eq__(self, other):
+            return True
+
+    data = ex.probe(lambda p: (Anything(), 0.0, 0.0), inputs)
+    assert "three numbers" in data["problem"]
+    assert ex.probe(lambda p: (True, 0.0, 0.0), inputs)["problem"]  # a bool is not a time
+
+
+# ============================================================================ ex01_hidden_syncs on plain data
+
+
+def _hidden_inputs(gpu=False):
+    ex = checks.exercise(HIDDEN)
+    return checks.plain({**ex.inputs(), "gpu": gpu}), ex
+
+
+def _good_data(inputs):
+    values, weights = hd._reference(inputs)
+    return {"values": values, "problem": None, "graph_kept": False, "syncs": 0, "calls": [], "where": [],
+            "weights": weights}
+
+
+def test_hidden_syncs_judge_passes_the_reference_and_fails_each_fault():
+    inputs, ex = _hidden_inputs()
+    assert "no host reads" in ex.judge(inputs, _good_data(inputs))
+    cases = {
+        "loss": lambda d: d["values"][2].__setitem__(0, d["values"][2][0] * 1.01),
+        "grad_norm": lambda d: d["values"][0].__setitem__(1, d["values"][0][1] + 0.1),
+        "acc": lambda d: d["values"][3].__setitem__(2, d["values"][3][2] + 1 / 32),
+        "same weights": lambda d: d["weights"][0].add_(1e-2),
+        "no host reads": lambda d: d.update(syncs=4, calls=["Tensor.item"] * 4, where=["cell:7"] * 4),
+        "log loss, grad_norm and acc": lambda d: d.update(problem="entry 0 is ['loss']"),
+        "do not require grad": lambda d: d.update(graph_kept=True),
+    }
+    for expected, spoil in cases.items():
+        data = _good_data(inputs)
+        spoil(data)
+        with pytest.raises(checks.CheckFailed, match=expected):
+            ex.judge(inputs, data)
+
+
+def test_hidden_syncs_judge_on_gpu_data_wants_the_host_ahead_in_the_best_repeat():
+    inputs, ex = _hidden_inputs(gpu=True)
+    data = _good_data(inputs)
+    data["timing"] = [[95.0, 100.0], [12.0, 100.0], [99.0, 101.0]]
+    assert "issued" in ex.judge(inputs, data)
+    data["timing"] = [[95.0, 100.0], [60.0, 100.0]]
+    with pytest.raises(checks.CheckFailed, match="at most 50%"):
+        ex.judge(inputs, data)
+    data = _good_data(inputs)  # across devices one sample's prediction may flip: 1/batch of accuracy
+    data["timing"] = [[10.0, 100.0]]
+    data["values"][1][2] += 1 / inputs["small"]["batch"]
+    ex.judge(inputs, data)
+
+
+def test_history_values_reads_tensors_and_numbers_and_names_what_is_wrong():
+    t = torch.tensor
+    vals, problem = hd._history_values([{"loss": t(1.5), "grad_norm": 2.0, "acc": t([0.25])}], 1)
+    assert problem is None and vals == [[1.5, 2.0, 0.25]]
+    assert "2 history entries" in hd._history_values([{}, {}], 1)[1]
+    assert "keys" in hd._history_values([{"loss": t(1.0)}], 1)[1]
+    assert "one-element tensor" in hd._history_values([{"loss": t([1.0, 2.0]), "grad_norm": 1, "acc": 1}], 1)[1]
+    assert "one-element tensor" in hd._history_values([{"loss": True, "grad_norm": 1, "acc": 1}], 1)[1]
+
+
+# ============================================================================ exercises end to end
+
+
+def _wrong_answers(grade_id):
+    return sorted(p for p in WRONG.glob(f"{grade_id}*.py") if p.stem.split("__")[0] == grade_id)
+
+
+def _run_in_process(sources, capsys):
+    """Execute the cells exercise_cells assembled, here (fast); return (printed text, CheckFailed or None)."""
+    ns: dict = {}
+    try:
+        for i, src in enumerate(sources):
+            exec(compile(src, f"<cell {i}>", "exec"), ns)
+    except checks.CheckFailed as err:
+        return capsys.readouterr().out, err
+    return capsys.readouterr().out, None
+
+
+def test_every_exercise_has_wrong_answers_and_they_name_existing_exercises():
+    assert len(_wrong_answers(HOST_MODEL)) >= 4 and len(_wrong_answers(HIDDEN)) >= 8
+    stems = {p.stem.split("__")[0] for p in WRONG.glob("*.py")}
+    assert stems == {HOST_MODEL, HIDDEN}
+
+
+@pytest.mark.parametrize("path", _wrong_answers(HOST_MODEL) + [p for p in _wrong_answers(HIDDEN)
+                                                             if p.stem not in GPU_ONLY], ids=lambda p: p.stem)
+def test_wrong_answer_fails_its_check_on_any_machine(path, notebook, capsys):
+    grade_id = path.stem.split("__")[0]
+    text, err = _run_in_process(exercise_cells(notebook, grade_id, path.read_text()), capsys)
+    assert err is not None, f"{path.name} passed:\n{text}"
+    assert str(err).startswith(grade_id), err
+
+
+@pytest.mark.parametrize("path", [WRONG / f"{s}.py" for s in sorted(GPU_ONLY)], ids=lambda p: p.stem)
+def test_host_blocking_answers_pass_the_cpu_part(path, notebook, capsys, monkeypatch):
+    """No host reads: only the timing part on a GPU catches them (test_gpu_wrong_answers_fail)."""
+    monkeypatch.setattr(checks, "gpu_available", lambda: False)
+    text, err = _run_in_process(exercise_cells(notebook, HIDDEN, path.read_text()), capsys)
+    assert err is None and checks.CPU_PART_PASSED in text, (err, text)
+
+
+@pytest.mark.parametrize("grade_id", [HOST_MODEL, HIDDEN])
+def test_masters_solution_passes_in_a_fresh_kernel(grade_id, notebook):
+    text, error = run_cells(exercise_cells(notebook, grade_id, None))
     assert error is None, text
-    assert (checks.PASS_MARKER if HAS_CUDA else checks.SKIP_MARKER) in text
+    if grade_id == HIDDEN and not HAS_CUDA:
+        assert checks.SKIP_MARKER in text and checks.CPU_PART_PASSED in text, text
+    else:
+        assert f"{checks.PASS_MARKER} {grade_id}" in text, text
 
 
-def test_notebook_exercise_with_wrong_answer(notebook):
-    wrong = (ROOT / "tests" / "wrong_answers" / NOTEBOOK.stem / f"{EX}.py").read_text()
-    text, error = run_cells(exercise_cells(notebook, EX, wrong))
+@pytest.mark.parametrize("grade_id", [HOST_MODEL, HIDDEN])
+def test_main_wrong_answer_fails_in_a_fresh_kernel(grade_id, notebook):
+    text, error = run_cells(exercise_cells(notebook, grade_id, (WRONG / f"{grade_id}.py").read_text()))
     assert error == "CheckFailed", text
-    assert EX in text
+    assert grade_id in text
 
 
-# ------------------------------------------------------------------------------ live, recorded, or neither
+def test_without_a_gpu_the_cpu_part_is_reported_and_require_gpu_fails(notebook, capsys, monkeypatch):
+    monkeypatch.setattr(checks, "gpu_available", lambda: False)
+    text, err = _run_in_process(exercise_cells(notebook, HIDDEN, None), capsys)
+    assert err is None and checks.CPU_PART_PASSED in text
+    monkeypatch.setenv("COURSE_REQUIRE_GPU", "1")
+    text, err = _run_in_process(exercise_cells(notebook, HIDDEN, None), capsys)
+    assert err is not None and "needs a GPU" in str(err)
 
 
-def test_live_or_recorded_reads_a_recording_and_says_where_from(tmp_path):
-    reference.save("01_demo", {"launch": {"calls_return_ms": 1.0}}, directory=tmp_path)
-    data, label = hd.live_or_recorded("01_demo", "launch", lambda: pytest.fail("measured"), live=False,
-                                      directory=tmp_path)
-    assert data == {"calls_return_ms": 1.0} and label.startswith("recorded on")
-    with pytest.raises(KeyError, match="has no 'stalls'"):
-        hd.live_or_recorded("01_demo", "stalls", lambda: None, live=False, directory=tmp_path)
+# ============================================================================ the notebook
 
 
-def test_live_or_recorded_without_a_recording_goes_on_and_says_how_to_make_it(tmp_path):
-    data, label = hd.live_or_recorded("01_nothing", "launch", lambda: pytest.fail("measured"), live=False,
-                                      directory=tmp_path)
-    assert data is None
-    assert "no reference recording '01_nothing'" in label and "record_references.py 01_nothing" in label
+def _code_cells(nb):
+    return [c for c in nb["cells"] if c["cell_type"] == "code"]
 
 
-def test_plots_draw_cpu_measurements():
+def test_notebook_exercise_metadata(notebook):
+    meta = {c["metadata"]["nbgrader"]["grade_id"]: (c["metadata"]["nbgrader"], "".join(c["source"]))
+            for c in _code_cells(notebook) if "nbgrader" in c["metadata"]}
+    for gid, entry in ((HOST_MODEL, "host_model"), (HIDDEN, "fast_train_step")):
+        grade, src = meta[gid]
+        assert grade["grade"] is True and grade["points"] > 0 and grade["locked"] is True
+        assert src.strip() == f'check("{gid}", {entry})'
+        sol, sol_src = meta[f"{gid}_solution"]
+        assert sol["solution"] is True and "### BEGIN SOLUTION" in sol_src and f"def {entry}(" in sol_src
+        assert checks.exercise(gid).entry == entry
+
+
+def test_notebook_code_is_in_the_notebook(notebook):
+    cells = _code_cells(notebook)
+    tags = [c["metadata"].get("tags", []) for c in cells]
+    assert any("parameters" in t and "setup" in t for t in tags)
+    setup = ["".join(c["source"]) for c, t in zip(cells, tags, strict=True) if "setup" in t]
+    assert all(not line.lstrip().startswith(("%", "!")) for s in setup for line in s.splitlines())
+    code = "\n".join("".join(c["source"]) for c in cells)
+    for old in ("host_device", "course_utils.streams", "course_utils.events", "course_utils.copies", "import hd"):
+        assert old not in code, old
+    assert 'Recorder("01_host_and_device")' in code
+    for shown in ("def launch_vs_finish", "def sync_stalls", "def timing_methods", "def run_faulty",
+                  "def slow_train_step", "CUDA_LAUNCH_BLOCKING", "set_sync_debug_mode", "count_syncs()"):
+        assert shown in code, shown
+    assert not (ROOT / "course_utils" / "host_device.py").exists()
+    assert not any(c.get("outputs") for c in cells), "strip the outputs: .venv/bin/nbstripout " + str(NOTEBOOK)
+
+
+RECORDED_KEYS = ("launch", "timeline", "stalls", "debug_error", "program", "timing", "async_error", "creation",
+                 "train", "train_fast")
+
+
+def test_recording_if_made_holds_what_the_notebook_shows():
+    if STEM not in reference.available():
+        pytest.skip(f"no reference recording {STEM} yet (made by benchmarks/record_references.py {STEM})")
+    rec = reference.load(STEM)
+    assert rec.provenance.get("gpu") and rec.provenance.get("torch") and "recorded on" in rec.label()
+    assert set(RECORDED_KEYS) <= set(rec.data), sorted(rec.data)
+    default, blocking = rec.data["async_error"]
+    assert default["raised"].endswith("at: print(total.item())"), default
+    assert blocking["raised"].endswith("at: rows = table[ids]"), blocking
+    rows = {r["call"]: r for r in rec.data["stalls"]["rows"]}
+    assert rows["t[0].item()"]["syncs"] == 1 and rows["t * 2"]["syncs"] == 0
+    assert rec.data["train"]["slow_train_step"]["syncs_per_step"] == 3
+
+
+# ============================================================================ GPU: the notebook's own cells
+
+
+def _cells_by_id(nb, ids):
+    by_id = {c["id"]: "".join(c["source"]) for c in nb["cells"]}
+    setup = ["".join(c["source"]) for c in _code_cells(nb) if "setup" in c["metadata"].get("tags", [])]
+    return setup + [by_id[i] for i in ids]
+
+
+def _run_notebook_cells(nb, ids) -> dict:
+    """Run the notebook's setup cells and the cells `ids` here (on a GPU they measure live); return names."""
     import matplotlib.pyplot as plt
 
-    costs = {"slow": hd.train_step_costs(hd.slow_train_step, "cpu", 16, 8, 2),
-             "bare": hd.train_step_costs(hd.bare_train_step, "cpu", 16, 8, 2)}
-    stalls = {"busy_ms": 1.0, "rows": [{"call": c, "host_ms": 0.5, "syncs": 0} for c in hd.SYNC_POINTS]}
-    for fig in (Timeline.from_spans(hd.async_launch_timeline("cpu", 32, 2)).plot(title="t"),
-                hd.plot_train_costs(costs), hd.plot_sync_stalls(stalls)):
-        assert fig.axes
-        plt.close(fig)
+    ns: dict = {}
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        for i, src in enumerate(_cells_by_id(nb, ids)):
+            exec(compile(src, f"<notebook cell {i}>", "exec"), ns)
+    plt.close("all")
+    print(out.getvalue())
+    return ns
 
 
 @pytest.mark.gpu
-def test_count_syncs_ignores_the_prototype_notice_in_a_fresh_process():
-    """The first set_sync_debug_mode() of a process warns that the mode is a prototype: not a sync."""
-    import subprocess
-    import sys
+def test_gpu_launch_returns_before_the_work_and_events_agree_with_synced_timing(notebook):
+    ns = _run_notebook_cells(notebook, ["5", "26"])
+    launch = ns["launch_vs_finish"](torch.device("cuda"), 4096, 8)
+    assert launch["work_done_ms"] > 3 * launch["calls_return_ms"], launch
+    timing = ns["timing_methods"](torch.device("cuda"), 4096, 8)
+    assert timing["events_ms"] == pytest.approx(timing["synced_ms"], rel=0.2), timing
+    assert timing["no_sync_ms"] < 0.5 * timing["events_ms"], timing
 
-    code = (
-        "import torch; from course_utils.host_device import count_syncs\n"
-        "t = torch.ones(4, device='cuda'); torch.cuda.synchronize()\n"
-        "with count_syncs() as a: t.shape\n"
-        "with count_syncs() as b: t.sum().item()\n"
-        "print(a.count, b.count)\n"
-    )
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
-    assert res.returncode == 0, res.stderr
-    assert res.stdout.split() == ["0", "1"]
+
+@pytest.mark.gpu
+def test_gpu_sync_points_wait_and_are_counted(notebook):
+    ns = _run_notebook_cells(notebook, ["13", "15"])
+    data = ns["stalls"]
+    rows = {r["call"]: r for r in data["rows"]}
+    for call in ("t[0].item()", "float(t[0])", "print(t)", "t.cpu()", "t.tolist()", "if t.sum() > 0:",
+                 "torch.nonzero(t)", "torch.cuda.synchronize()"):
+        assert rows[call]["host_ms"] > 0.5 * data["busy_ms"], rows[call]
+    for call in ("t.shape", "t * 2", "t.sum()"):
+        assert rows[call]["host_ms"] < 2.0 and rows[call]["syncs"] == 0, rows[call]
+    for call in ("t[0].item()", "print(t)", "t.cpu()", "t.tolist()", "torch.nonzero(t)"):
+        assert rows[call]["syncs"] == 1, rows[call]
+    assert rows["print(t)"]["debug_syncs"] > 1
+    assert rows["torch.cuda.synchronize()"]["syncs"] == 0 and rows["torch.cuda.synchronize()"]["debug_syncs"] == 0
+
+
+@pytest.mark.gpu
+def test_gpu_program_runs_as_the_model_predicts(notebook):
+    ns = _run_notebook_cells(notebook, ["21", "24"])
+    m, want = ns["measured"], simulate(ns["PROGRAM"])
+    got = (m["host_done_ms"], m["gpu_done_ms"], m["blocked_ms"])
+    for g, w in zip(got, want, strict=True):
+        assert w - 1.0 <= g <= w + 5.0, (got, want)  # launches, sleeps and reads cost a little host time
+
+
+@pytest.mark.gpu
+def test_gpu_kernel_error_surfaces_at_the_next_sync_unless_launch_blocking(notebook):
+    ns = _run_notebook_cells(notebook, ["32"])
+    default, blocking = ns["runs"]
+    assert default["raised"].endswith("at: print(total.item())"), default
+    assert blocking["raised"].endswith("at: rows = table[ids]"), blocking
+    assert "device-side assert" in default["message"], default
+
+
+@pytest.mark.gpu
+def test_gpu_hidden_syncs_keep_the_host_waiting(notebook):
+    ns = _run_notebook_cells(notebook, ["38", "40", "42"])
+    slow, bare = ns["costs"]["slow_train_step"], ns["costs"]["no logging"]
+    fast = ns["train_costs"](ns["fast_train_step"], **ns["GPU_TRAIN"])
+    assert slow["syncs_per_step"] == 3 and bare["syncs_per_step"] == 0 and fast["syncs_per_step"] == 0
+    assert slow["issue_ms"] > 0.8 * slow["total_ms"], slow
+    assert fast["issue_ms"] < 0.5 * fast["total_ms"], fast
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", sorted(GPU_ONLY) + [HIDDEN], ids=str)
+def test_gpu_wrong_answers_fail(name, notebook, capsys):
+    text, err = _run_in_process(exercise_cells(notebook, HIDDEN, (WRONG / f"{name}.py").read_text()), capsys)
+    print(text, err)
+    assert err is not None and str(err).startswith(HIDDEN), text
+
+
+@pytest.mark.gpu
+def test_gpu_solution_passes_with_the_host_ahead(notebook, capsys):
+    text, err = _run_in_process(exercise_cells(notebook, HIDDEN, None), capsys)
+    print(text)
+    assert err is None and f"{checks.PASS_MARKER} {HIDDEN}" in text, (err, text)

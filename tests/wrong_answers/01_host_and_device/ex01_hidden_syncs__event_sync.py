@@ -1,0 +1,13 @@
+    opt.zero_grad(set_to_none=True)
+    out = model(x)
+    loss = F.cross_entropy(out, y)
+    loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)
+    opt.step()
+    acc = (out.argmax(dim=1) == y).float().mean()
+    history.append({"loss": loss.detach(), "grad_norm": grad_norm, "acc": acc})
+    # Wrong (GPU only): waits for the step through an event, which set_sync_debug_mode does not report.
+    if x.is_cuda:
+        done = torch.cuda.Event()
+        done.record()
+        done.synchronize()

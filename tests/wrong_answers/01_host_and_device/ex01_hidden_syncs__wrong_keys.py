@@ -1,0 +1,8 @@
+    opt.zero_grad(set_to_none=True)
+    out = model(x)
+    loss = F.cross_entropy(out, y)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)
+    opt.step()
+    # Wrong: logs only the loss.
+    history.append({"loss": loss.detach()})
