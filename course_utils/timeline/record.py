@@ -232,17 +232,18 @@ class Timeline:
         check_kind(kind)
         host_clock = kind == "host" or not self._cuda
         if host_clock:
-            if stream is not None and not isinstance(stream, str) and not (self.mode == "kernels" and kind != "host"):
+            if stream is not None and not isinstance(stream, str):
                 if kind == "host":
                     raise TypeError(f"a host span's stream is a row label (str), not {type(stream).__name__}")
                 raise TypeError(f"no CUDA here: stream must be None or a row label (str), got {type(stream).__name__}")
         if self._auto and not host_clock and not self._kernels.capturing:
             self._fall_back_to_events()
         if self.mode == "kernels" and kind != "host":
-            label = stream if isinstance(stream, str) else None
-            cuda_stream, ctx = (None, None)
-            if self._cuda and not isinstance(stream, str):
+            label, cuda_stream, ctx = None, None, None
+            if self._cuda:  # as in events mode: a CUDA stream or None (a str label is a mistake here too)
                 cuda_stream, ctx = self._stream_arg(name, kind, stream)
+            else:  # no CUDA: the range is drawn on this host row
+                label = stream
             try:
                 rng = self._kernels.begin(name, label)
             except BaseException:
