@@ -425,6 +425,8 @@ def test_notebook_claims_on_copies_and_waiting():
     mc = ns["many_copies"]()
     print(mc)
     assert mc["all_arrived"]
+    assert mc["one by one, blocking"]["host_waits"] == mc["n_copies"]
+    assert mc["non_blocking, one wait"]["host_waits"] == 0
     assert mc["non_blocking, one wait"]["issue_ms"] < 0.5 * mc["one by one, blocking"]["total_ms"]
     nb = ns["nonblocking_host_time"](64 * MiB)
     print(nb)
