@@ -24,10 +24,25 @@ def wrong_answers(ex: str) -> list[Path]:
     return sorted(WRONG.glob(f"{ex}*.py"))
 
 
-def cell(cid: str) -> str:
-    found = [c for c in NB["cells"] if c.get("id") == cid]
-    assert found, f"no cell {cid!r} in {NOTEBOOK.name}"
-    return "".join(found[0]["source"])
+def cell(name: str) -> str:
+    """The code cell that defines function `name` (cell ids do not survive nbstripout)."""
+    found = ["".join(c["source"]) for c in NB["cells"]
+             if c["cell_type"] == "code" and re.search(rf"^def {name}\(", "".join(c["source"]), re.M)]
+    assert len(found) == 1, f"{len(found)} cells define {name}() in {NOTEBOOK.name}"
+    return found[0]
+
+
+def markdown(words: str) -> str:
+    found = ["".join(c["source"]) for c in NB["cells"]
+             if c["cell_type"] == "markdown" and words in "".join(c["source"])]
+    assert len(found) == 1, f"{len(found)} markdown cells say {words!r}"
+    return found[0]
+
+
+def graded(grade_id: str) -> dict:
+    found = [c for c in NB["cells"] if c["metadata"].get("nbgrader", {}).get("grade_id") == grade_id]
+    assert len(found) == 1, grade_id
+    return found[0]
 
 
 def setup_sources() -> list[str]:
@@ -37,10 +52,9 @@ def setup_sources() -> list[str]:
 
 # ----------------------------------------------------------------- the notebook
 def test_exercise_cells_follow_the_contract():
-    cells = {c.get("id"): c for c in NB["cells"]}
     for ex, entry, points in (("ex03_predict_elapsed", "predict_elapsed", 2),
                               ("ex03_fix_pipeline", "fixed_pipeline", 3)):
-        sol, chk = cells[f"{ex}_solution"], cells[ex]
+        sol, chk = graded(f"{ex}_solution"), graded(ex)
         assert sol["metadata"]["nbgrader"] == {"grade": False, "grade_id": f"{ex}_solution", "locked": False,
                                                "schema_version": 3, "solution": True}
         assert chk["metadata"]["nbgrader"] == {"grade": True, "grade_id": ex, "locked": True, "points": points,
@@ -79,13 +93,13 @@ def test_no_claim_that_the_default_stream_hides_races():
 
 
 def test_first_side_stream_example_waits_for_the_current_stream():
-    src = cell("def-basics")
+    src = cell("event_basics")
     assert src.index("s.wait_stream(torch.cuda.current_stream())") < src.index("with torch.cuda.stream(s)")
 
 
 def test_prompts_ask_questions():
-    for cid in ("elapsed-after", "pipeline-prompt"):
-        assert cell(cid).count("?") >= 3, cid
+    for words in ("## Exercise 1", "Write `fixed_pipeline"):
+        assert markdown(words).count("?") >= 3, words
 
 
 # ----------------------------------------------------------------- the course's model (ex03_predict_elapsed)
@@ -284,12 +298,12 @@ def test_recording_when_made():
 
 
 # ----------------------------------------------------------------- GPU: the check, and the notebook's claims
-def notebook_namespace(*cell_ids: str, solution_of: str | None = None) -> dict:
-    """The notebook's setup cells and the given cells (and an exercise's solution cell), executed here."""
+def notebook_namespace(*functions: str, solution_of: str | None = None) -> dict:
+    """The notebook's setup cells and the cells defining `functions` (and an exercise's solution), run here."""
     ns: dict = {}
-    sources = setup_sources() + [cell(c) for c in cell_ids]
+    sources = setup_sources() + [cell(f) for f in functions]
     if solution_of:
-        sources.append(cell(f"{solution_of}_solution"))
+        sources.append("".join(graded(f"{solution_of}_solution")["source"]))
     for i, src in enumerate(sources):
         exec(compile(src, f"<03_cuda_events cell {i}>", "exec"), ns)
     return ns
@@ -327,6 +341,20 @@ def test_every_pipeline_wrong_answer_has_an_expected_failure():
     assert {p.stem for p in wrong_answers("ex03_fix_pipeline")} == set(PIPELINE_FAILURES)
 
 
+def test_gpu_tests_harness_builds_on_cpu():
+    # The GPU tests below run the notebook's own functions: they must at least be found and defined here.
+    # Not the sanitizer's cell: importing torch.cuda._sanitizer turns on GPU trace hooks for the whole process.
+    ns = notebook_namespace("event_basics", "elapsed_with_wait", "run_schedule", "producer_consumer",
+                            "default_then_side", "reuse_across_streams", "broken_pipeline",
+                            solution_of="ex03_fix_pipeline")
+    for name in ("elapsed_with_idle", "elapsed_on_a_timeline", "kernels_on", "producer_consumer_timeline",
+                 "cuda_mallocs", "run_pipeline", "fixed_pipeline", "produce", "consume", "SCHEDULES"):
+        assert name in ns, name
+    compile(cell("under_sanitizer"), "under_sanitizer", "exec")
+    for path in wrong_answers("ex03_fix_pipeline"):
+        assert callable(pipeline_answer(path.read_text())), path.name
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("path", wrong_answers("ex03_fix_pipeline"), ids=lambda p: p.stem)
 def test_pipeline_check_fails_wrong_answers(path):
@@ -337,7 +365,7 @@ def test_pipeline_check_fails_wrong_answers(path):
 
 @pytest.mark.gpu
 def test_event_basics_and_elapsed_time():
-    ns = notebook_namespace("def-basics", "def-elapsed", "def-schedule")
+    ns = notebook_namespace("event_basics", "elapsed_with_wait", "run_schedule")
     b = ns["event_basics"](10.0)
     print(b)
     assert b["query_before"] is False and b["query_after"] is True
@@ -354,7 +382,7 @@ def test_event_basics_and_elapsed_time():
 
 @pytest.mark.gpu
 def test_elapsed_timeline_shows_the_short_kernel():
-    ns = notebook_namespace("def-elapsed")
+    ns = notebook_namespace("elapsed_with_wait")
     r = ns["elapsed_on_a_timeline"](30.0, 10.0)
     b = ns["kernels_on"](r["spans"], "stream b")
     print(r["elapsed_ms"], [(s["name"], s["end_ms"] - s["start_ms"]) for s in b])
@@ -363,7 +391,7 @@ def test_elapsed_timeline_shows_the_short_kernel():
 
 @pytest.mark.gpu
 def test_ordering_with_and_without_the_wait():
-    ns = notebook_namespace("def-order")
+    ns = notebook_namespace("producer_consumer")
     with_wait = ns["producer_consumer_timeline"](True, 20.0, 1 << 20)
     without = ns["producer_consumer_timeline"](False, 20.0, 1 << 20)
     print(with_wait["correct"], without["correct"], without["out_first"])
@@ -372,7 +400,7 @@ def test_ordering_with_and_without_the_wait():
 
 @pytest.mark.gpu
 def test_race_hides_behind_cudamalloc_and_shows_with_a_warm_allocator():
-    ns = notebook_namespace("def-race")
+    ns = notebook_namespace("default_then_side")
     for _ in range(3):
         cold = ns["default_then_side"]("cold", False, 50.0, 1 << 20)
         warm = ns["default_then_side"]("warm", False, 50.0, 1 << 20)
@@ -385,7 +413,7 @@ def test_race_hides_behind_cudamalloc_and_shows_with_a_warm_allocator():
 
 @pytest.mark.gpu
 def test_record_stream_keeps_the_block():
-    ns = notebook_namespace("def-race", "def-reuse")
+    ns = notebook_namespace("default_then_side", "reuse_across_streams")
     without, with_rs = (ns["reuse_across_streams"](rs, 50.0, 1 << 20) for rs in (False, True))
     print(without, with_rs, sep="\n")
     assert without["z_got_x_block"] and not without["y_correct"] and without["cudaMalloc"] == 0
@@ -400,7 +428,8 @@ def test_sanitizer_in_a_fresh_kernel():
              " 'cold': under_sanitizer(lambda: default_then_side('cold', False, 50.0, 1 << 20)),\n"
              " 'wait': under_sanitizer(lambda: default_then_side('warm', True, 50.0, 1 << 20)),\n"
              " 'reuse': under_sanitizer(lambda: reuse_across_streams(False, 50.0, 1 << 20))}))")
-    text, error = run_cells(setup_sources() + [cell("def-race"), cell("def-sanitizer"), cell("def-reuse"), probe])
+    cells = [cell(f) for f in ("default_then_side", "under_sanitizer", "reuse_across_streams")]
+    text, error = run_cells(setup_sources() + cells + [probe])
     assert error is None, text
     r = json.loads(text)
     print(json.dumps(r, indent=1))
@@ -413,7 +442,7 @@ def test_sanitizer_in_a_fresh_kernel():
 
 @pytest.mark.gpu
 def test_pipeline_demo_broken_and_fixed():
-    ns = notebook_namespace("def-pipeline", solution_of="ex03_fix_pipeline")
+    ns = notebook_namespace("broken_pipeline", solution_of="ex03_fix_pipeline")
     broken = ns["run_pipeline"](ns["broken_pipeline"], 6, 1 << 20, 5.0)
     fixed = ns["run_pipeline"](ns["fixed_pipeline"], 6, 1 << 20, 5.0)
     spins = [s for s in fixed["spans"] if s["kind"] == "compute" and ev.SPIN in s["name"]]
