@@ -1,21 +1,25 @@
-"""What recording a Timeline costs, measured on this machine.
+"""What recording a Timeline costs, measured on this machine, in each mode.
 
-    python benchmarks/timeline_overhead.py            # GPU parts need CUDA; on a CPU only host spans
+    python benchmarks/timeline_overhead.py            # GPU parts need CUDA; on a CPU: host and kernels (CPU ops)
     python benchmarks/timeline_overhead.py --n 1000 --repeats 5 --png timeline.png
 
-1. Host cost of one span: `with tl.span(...): pass` in a loop, per span, next to two bare
-   `torch.cuda.Event.record` calls (what a CUDA span does at least). On a CPU: host-clock spans.
-2. A loop of `n` small kernels with and without a span around each kernel, wall time from the first
-   launch to the end of the work (synchronize), median of `repeats`. Two loops: a launch-bound one
-   (add_ on 1024 floats: the GPU waits for Python) and one whose kernels are longer than their launch
-   (1024x1024 matmul). Target: under 10% slowdown on the second. The span loops run under
+1. Host cost of one span, `with tl.span(...): pass` in a loop: host mode (perf_counter), events mode (two
+   CUDA event records; next to two bare Event.record calls) and kernels mode (a record_function inside a
+   running capture). Median of ten batches.
+2. A loop of `n` small kernels, wall time from the first launch to the end of the work (synchronize),
+   median of `repeats`: bare; events mode with a span around each kernel; kernels mode with the loop
+   inside a capture, without and with a span per kernel (the profiler records every launch and kernel).
+   Two loops: a launch-bound one (add_ on 1024 floats: the GPU waits for Python) and one whose kernels
+   are longer than their launch (1024x1024 matmul). The span loops run under
    torch.cuda.set_sync_debug_mode("error"), so a synchronising call while recording would stop the run.
+3. Kernels mode's fixed cost per capture: starting and stopping the profiler, reading its trace (spans()).
 Every figure printed comes from this run.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -34,23 +38,26 @@ def per_call_us(fn, n: int) -> float:
     return (time.perf_counter() - t0) / n * 1e6
 
 
-def span_cost(n: int, device: str) -> dict[str, float]:
-    tl = Timeline(device=device)
+def span_cost(n: int, mode: str, device: str | None = None) -> dict[str, float]:
+    """Host µs per empty span (median of 10 batches; the mean also carries garbage-collector passes)."""
+    tl = Timeline(device=device, mode=mode)
+    out: dict[str, float] = {}
+    with tl.capture():  # a no-op outside kernels mode
 
-    def one():
-        with tl.span("x"):
-            pass
+        def one():
+            with tl.span("x"):
+                pass
 
-    per_call_us(one, 1000)
-    tl.spans()  # resolve the warm-up; its events go back to the pool
-    # Ten batches: the median is the span's own cost; the mean also carries the occasional full
-    # garbage-collector pass (slow after `import torch`: many objects), which the allocations trigger.
-    batches = [per_call_us(one, n // 10) for _ in range(10)]
-    out = {"span_us": statistics.median(batches), "span_us_mean": statistics.mean(batches)}
+        per_call_us(one, 1000)  # warm-up
+        batches = [per_call_us(one, n // 10) for _ in range(10)]
+        out["span_us"], out["span_us_mean"] = statistics.median(batches), statistics.mean(batches)
+        t0 = time.perf_counter()
+    if mode == "kernels":
+        out["stop_ms"] = (time.perf_counter() - t0) * 1e3
     t0 = time.perf_counter()
     tl.spans()
-    out["resolve_us_per_span"] = (time.perf_counter() - t0) / n * 1e6
-    if device == "cuda":
+    out["resolve_us_per_span"] = (time.perf_counter() - t0) / (n + 1000) * 1e6
+    if mode == "events":
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 
         def two_records():
@@ -63,38 +70,65 @@ def span_cost(n: int, device: str) -> dict[str, float]:
     return out
 
 
-def loop_ms(step, n: int, tl: Timeline | None) -> float:
+def loop_ms(step, n: int, mode: str | None, spans: bool) -> float:
+    """Wall ms of n steps, from the first launch to the end of the work (the capture's start and stop excluded)."""
+    tl = Timeline(mode=mode) if mode else None
     torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    if tl is None:
-        for _ in range(n):
-            step()
-    else:
-        torch.cuda.set_sync_debug_mode("error")
+    with tl.capture() if tl is not None else contextlib.nullcontext():
+        torch.cuda.set_sync_debug_mode("error" if tl is not None else 0)
         try:
-            for i in range(n):
-                with tl.span(f"k{i}"):
+            t0 = time.perf_counter()
+            if spans:
+                for i in range(n):
+                    with tl.span(f"k{i}"):
+                        step()
+            else:
+                for _ in range(n):
                     step()
         finally:
             torch.cuda.set_sync_debug_mode(0)
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) * 1e3
+        torch.cuda.synchronize()
+        took = (time.perf_counter() - t0) * 1e3
+    if tl is not None:
+        tl.spans()
+    return took
 
 
-def slowdown(name: str, step, n: int, repeats: int) -> dict[str, float]:
-    loop_ms(step, n, None)
-    loop_ms(step, n, Timeline())  # warm-up: kernels, event pool
-    bare, spanned = [], []
-    for _ in range(repeats):  # alternate so both see the same machine state
-        bare.append(loop_ms(step, n, None))
-        tl = Timeline()
-        spanned.append(loop_ms(step, n, tl))
-        spans = tl.spans()
-    gpu_ms = statistics.median(s.duration_ms for s in spans)
-    b, s = statistics.median(bare), statistics.median(spanned)
-    print(f"  {name:<28} {n} kernels: bare {b:8.2f} ms, with spans {s:8.2f} ms, ratio {s / b:5.3f} "
-          f"(median kernel span {gpu_ms * 1e3:.1f} µs)")
-    return {"bare_ms": b, "spans_ms": s, "ratio": s / b}
+def slowdown(name: str, step, n: int, repeats: int) -> None:
+    cases = {"bare": (None, False), "events, span per kernel": ("events", True),
+             "kernels, capture only": ("kernels", False), "kernels, span per kernel": ("kernels", True)}
+    for mode, spans in cases.values():  # warm-up: kernels, event pool, the profiler's first start
+        loop_ms(step, n, mode, spans)
+    times: dict[str, list[float]] = {k: [] for k in cases}
+    for _ in range(repeats):  # interleaved so every case sees the same machine state
+        for label, (mode, spans) in cases.items():
+            times[label].append(loop_ms(step, n, mode, spans))
+    bare = statistics.median(times["bare"])
+    print(f"  {name} ({n} kernels):")
+    for label, ts in times.items():
+        t = statistics.median(ts)
+        print(f"    {label:<26} {t:9.2f} ms   x{t / bare:5.2f}")
+
+
+def capture_cost(repeats: int) -> None:
+    """Kernels mode's fixed cost: an empty capture's enter + exit, and reading its trace."""
+    enter, leave, read = [], [], []
+    for _ in range(repeats + 1):
+        tl = Timeline(mode="kernels")
+        t0 = time.perf_counter()
+        cm = tl.capture()
+        cm.__enter__()
+        t1 = time.perf_counter()
+        cm.__exit__(None, None, None)
+        t2 = time.perf_counter()
+        tl.spans()
+        t3 = time.perf_counter()
+        enter.append((t1 - t0) * 1e3)
+        leave.append((t2 - t1) * 1e3)
+        read.append((t3 - t2) * 1e3)
+    print(f"kernels mode, per capture (median of {repeats}, after a first one of {enter[0] + leave[0]:.0f} ms): "
+          f"start {statistics.median(enter[1:]):.1f} ms, stop {statistics.median(leave[1:]):.1f} ms, "
+          f"spans() {statistics.median(read[1:]):.2f} ms")
 
 
 def demo_png(path: str) -> None:
@@ -106,23 +140,23 @@ def demo_png(path: str) -> None:
     host = torch.empty(32 * 2**20 // 4, pin_memory=True)
     dev = torch.empty_like(host, device="cuda")
     s1, s2, s3 = torch.cuda.Stream(), torch.cuda.Stream(), torch.cuda.Stream()
-    y = x @ x
+    x @ x
     torch.cuda.synchronize()
-    tl = Timeline()
+    tl = Timeline(mode="kernels")
     for s, label in ((s1, "compute A"), (s2, "compute B"), (s3, "copy")):
         tl.name_stream(s, label)
-    with tl.span("launch loop", kind="host"):
-        for i in range(3):
-            with tl.span(f"mm A{i}", stream=s1):
-                y = x @ x
-            with tl.span(f"mm B{i}", stream=s2):
-                y = x @ x
-            with tl.span(f"h2d {i}", kind="h2d", stream=s3):
-                dev.copy_(host, non_blocking=True)
-            tl.mark(f"step {i}", stream="host")
-    with tl.span("synchronize", kind="host"):
-        torch.cuda.synchronize()
-    del y
+    with tl.capture():
+        with tl.span("launch loop", kind="host"):
+            for i in range(3):
+                with tl.span(f"mm A{i}", stream=s1):
+                    x @ x
+                with tl.span(f"mm B{i}", stream=s2):
+                    x @ x
+                with tl.span(f"h2d {i}", kind="h2d", stream=s3):
+                    dev.copy_(host, non_blocking=True)
+                tl.mark(f"step {i}", stream="host")
+        with tl.span("synchronize", kind="host"):
+            torch.cuda.synchronize()
     print(tl.stats().summary())
     fig = tl.plot(title=f"Timeline demo on {torch.cuda.get_device_name()}")
     fig.savefig(path, dpi=110, bbox_inches="tight")
@@ -138,20 +172,28 @@ def main() -> None:
     args = p.parse_args()
 
     print(f"torch {torch.__version__}, python {sys.version.split()[0]}")
-    host = span_cost(args.spans, "cpu")
-    print(f"host-clock span: {host['span_us']:.2f} µs per span (median of 10 batches; mean with GC passes "
+    host = span_cost(args.spans, "host", device="cpu")
+    print(f"host mode: {host['span_us']:.2f} µs per span (median of 10 batches; mean with GC passes "
           f"{host['span_us_mean']:.2f}), resolving {host['resolve_us_per_span']:.2f} µs/span")
     if not torch.cuda.is_available():
-        print("no CUDA here: CUDA-event spans and the kernel loops are skipped")
+        k = span_cost(args.spans, "kernels", device="cpu")
+        print(f"kernels mode (CPU ops only here): {k['span_us']:.2f} µs per span inside a capture "
+              f"(mean {k['span_us_mean']:.2f}); stopping the capture and reading its trace: {k['stop_ms']:.1f} ms "
+              f"for {args.spans + 1000} spans")
+        print("no CUDA here: events mode and the kernel loops are skipped")
         return
     print(f"GPU: {torch.cuda.get_device_name()}")
-    cuda = span_cost(args.spans, "cuda")
-    print(f"CUDA span: {cuda['span_us']:.2f} µs host time per span (mean {cuda['span_us_mean']:.2f}) "
-          f"(two bare Event.record calls: {cuda['two_event_records_us']:.2f} µs); "
-          f"resolving in spans(): {cuda['resolve_us_per_span']:.2f} µs/span")
+    ev = span_cost(args.spans, "events")
+    print(f"events mode: {ev['span_us']:.2f} µs host time per span (mean {ev['span_us_mean']:.2f}) "
+          f"(two bare Event.record calls: {ev['two_event_records_us']:.2f} µs); "
+          f"resolving in spans(): {ev['resolve_us_per_span']:.2f} µs/span")
+    k = span_cost(args.spans, "kernels")
+    print(f"kernels mode: {k['span_us']:.2f} µs host time per span inside a capture (mean {k['span_us_mean']:.2f}); "
+          f"stopping the capture and reading its trace: {k['stop_ms']:.1f} ms for {args.spans + 1000} spans")
+    capture_cost(args.repeats)
     small = torch.zeros(1024, device="cuda")
     a = torch.randn(1024, 1024, device="cuda")
-    print("slowdown of a kernel loop with a span around each kernel (no synchronisation while recording):")
+    print("kernel loops, wall time from the first launch to the end of the work (no synchronisation while recording):")
     slowdown("launch-bound: add_ 1024", lambda: small.add_(1), args.n, args.repeats)
     slowdown("matmul 1024x1024", lambda: torch.mm(a, a), args.n, args.repeats)
     if args.png:

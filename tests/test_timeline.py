@@ -111,6 +111,18 @@ def test_span_closes_when_the_block_raises():
     assert [s.name for s in tl.spans()] == ["fails"]
 
 
+def test_from_spans_takes_an_export_and_keeps_its_mode():
+    tl = Timeline(device="cpu")
+    with tl.span("a"):
+        pass
+    record = json.loads(json.dumps(tl.export()))  # as a reference recording stores it
+    again = Timeline.from_spans(record)
+    assert again.spans() == tl.spans() and again.mode == "host"
+    assert Timeline.from_spans({**record, "mode": "events"}).mode == "events"
+    with pytest.raises(ValueError, match="tl.export"):
+        Timeline.from_spans({"name": "a"})
+
+
 def test_from_spans_is_read_only():
     tl = Timeline.from_spans([S("a", "compute", 0, 1).to_dict()])
     assert tl.spans() == [S("a", "compute", 0, 1)]

@@ -213,11 +213,19 @@ def spans_from_trace(data: dict[str, Any], rank: int = 0, host_ops: bool = True,
 
     # Named ranges: this timeline's own spans first (matched to their record_function by name and start).
     ours = [a for a in annotations if not _internal(str(a.get("name", "")))]
+    by_name: dict[str, list[tuple[float, int]]] = {}
+    for i, a in enumerate(ours):
+        by_name.setdefault(str(a.get("name", "")), []).append((t0(a), i))
+    for starts in by_name.values():
+        starts.sort()
     matched: set[int] = set()
     for r in own or []:
-        same = [a for a in ours if a.get("name") == r.name and id(a) not in matched]
-        best = min(same, key=lambda a: abs(t0(a) - r.t0_ms), default=None)
-        if best is not None and abs(t0(best) - r.t0_ms) < 1.0:
+        starts = by_name.get(r.name, [])
+        k = bisect.bisect_left(starts, (r.t0_ms, -1))
+        near = [j for j in (k - 1, k) if 0 <= j < len(starts) and abs(starts[j][0] - r.t0_ms) < 1.0]
+        if near:  # its record_function in the trace: the profiler's own times for the range
+            j = min(near, key=lambda j: abs(starts[j][0] - r.t0_ms))
+            best = ours[starts.pop(j)[1]]
             matched.add(id(best))
             a, b = t0(best), t1(best)
         else:

@@ -458,11 +458,17 @@ class Timeline:
 
     # ---------------------------------------------------------------- stored spans, analyses, drawing
     @classmethod
-    def from_spans(cls, spans: Iterable[Span | dict[str, Any]], mode: str | None = None) -> Timeline:
+    def from_spans(cls, spans: Iterable[Span | dict[str, Any]] | dict[str, Any], mode: str | None = None) -> Timeline:
         """A read-only timeline of stored spans (e.g. a reference recording), to summarise and plot.
 
+        spans: Span objects, their `to_dict()`s, or a whole `tl.export()` (which carries its mode).
         mode: how the spans were recorded ("kernels", "events", "host"), so the plot can say what bars mean.
         """
+        if isinstance(spans, dict):
+            if "spans" not in spans:
+                raise ValueError("Timeline.from_spans takes spans, their dicts, or a tl.export() record")
+            mode = mode or spans.get("mode")
+            spans = spans["spans"]
         tl = cls(device="cpu", rank=0)
         tl._resolved = [s if isinstance(s, Span) else Span.from_dict(s) for s in spans]
         for s in tl._resolved:
