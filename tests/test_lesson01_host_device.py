@@ -349,7 +349,8 @@ def test_gpu_program_runs_as_the_model_predicts(notebook):
     m, want = ns["measured"], simulate(ns["PROGRAM"])
     got = (m["host_done_ms"], m["gpu_done_ms"], m["blocked_ms"])
     for g, w in zip(got, want, strict=True):
-        assert w - 1.0 <= g <= w + 5.0, (got, want)  # launches, sleeps and reads cost a little host time
+        # gpu_sleep is calibrated to a few percent; launches, sleeps and reads cost a little host time.
+        assert 0.97 * w - 1.0 <= g <= 1.03 * w + 5.0, (got, want)
 
 
 @pytest.mark.gpu
@@ -359,6 +360,7 @@ def test_gpu_kernel_error_surfaces_at_the_next_sync_unless_launch_blocking(noteb
     assert default["raised"].endswith("at: print(total.item())"), default
     assert blocking["raised"].endswith("at: rows = table[ids]"), blocking
     assert "device-side assert" in default["message"], default
+    assert all(r["after"].startswith("a new CUDA call raises") for r in (default, blocking)), (default, blocking)
 
 
 @pytest.mark.gpu
