@@ -268,12 +268,13 @@ def _pipeline_probe(answer: Any, inputs: dict) -> dict:
 
     runners = {"late_inputs": late_inputs, "late_consumer": late_consumer, "timed": timed}
     # Warm-up: kernels loaded; then blocks of this size cached on all three streams (see the module docstring).
-    outs, _, _ = call(chunks_from(inputs["warmup"]))
+    warm = chunks_from(inputs["warmup"])
+    outs, _, _ = call(warm)
+    torch.cuda.synchronize()
     problem = _shape_problem(outs, n, numel)
     if problem:
         return {"error": problem}
-    del outs
-    torch.cuda.synchronize()
+    del outs, warm
     for s in (current, producer, consumer):
         with torch.cuda.stream(s):
             held = [torch.empty(numel, device=dev) for _ in range(4 * n + 4)]
