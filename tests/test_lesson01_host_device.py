@@ -298,19 +298,25 @@ def test_recording_if_made_holds_what_the_notebook_shows():
 # ============================================================================ GPU: the notebook's own cells
 
 
-def _cells_by_id(nb, ids):
-    by_id = {c["id"]: "".join(c["source"]) for c in nb["cells"]}
+def _cells_defining(nb, starts):
+    """The setup cells, then for each string the code cell that contains it (ids get renumbered; names stay)."""
+    code = ["".join(c["source"]) for c in _code_cells(nb)]
     setup = ["".join(c["source"]) for c in _code_cells(nb) if "setup" in c["metadata"].get("tags", [])]
-    return setup + [by_id[i] for i in ids]
+    picked = []
+    for start in starts:
+        found = [src for src in code if start in src]
+        assert len(found) == 1, f"{len(found)} code cells contain {start!r}"
+        picked.append(found[0])
+    return setup + picked
 
 
-def _run_notebook_cells(nb, ids) -> dict:
-    """Run the notebook's setup cells and the cells `ids` here (on a GPU they measure live); return names."""
+def _run_notebook_cells(nb, starts) -> dict:
+    """Run the notebook's setup cells and the cells that define `starts`, here (on a GPU they measure live)."""
     import matplotlib.pyplot as plt
 
     ns: dict = {}
     with contextlib.redirect_stdout(io.StringIO()) as out:
-        for i, src in enumerate(_cells_by_id(nb, ids)):
+        for i, src in enumerate(_cells_defining(nb, starts)):
             exec(compile(src, f"<notebook cell {i}>", "exec"), ns)
     plt.close("all")
     print(out.getvalue())
@@ -319,7 +325,7 @@ def _run_notebook_cells(nb, ids) -> dict:
 
 @pytest.mark.gpu
 def test_gpu_launch_returns_before_the_work_and_events_agree_with_synced_timing(notebook):
-    ns = _run_notebook_cells(notebook, ["5", "26"])
+    ns = _run_notebook_cells(notebook, ["def launch_vs_finish", "def timing_methods"])
     launch = ns["launch_vs_finish"](torch.device("cuda"), 4096, 8)
     assert launch["work_done_ms"] > 3 * launch["calls_return_ms"], launch
     timing = ns["timing_methods"](torch.device("cuda"), 4096, 8)
@@ -329,7 +335,7 @@ def test_gpu_launch_returns_before_the_work_and_events_agree_with_synced_timing(
 
 @pytest.mark.gpu
 def test_gpu_sync_points_wait_and_are_counted(notebook):
-    ns = _run_notebook_cells(notebook, ["13", "15"])
+    ns = _run_notebook_cells(notebook, ["SYNC_POINTS = {", "def sync_stalls"])
     data = ns["stalls"]
     rows = {r["call"]: r for r in data["rows"]}
     for call in ("t[0].item()", "float(t[0])", "print(t)", "t.cpu()", "t.tolist()", "if t.sum() > 0:",
@@ -345,7 +351,7 @@ def test_gpu_sync_points_wait_and_are_counted(notebook):
 
 @pytest.mark.gpu
 def test_gpu_program_runs_as_the_model_predicts(notebook):
-    ns = _run_notebook_cells(notebook, ["21", "24"])
+    ns = _run_notebook_cells(notebook, ["def host_model", "def run_program"])
     m, want = ns["measured"], simulate(ns["PROGRAM"])
     got = (m["host_done_ms"], m["gpu_done_ms"], m["blocked_ms"])
     for g, w in zip(got, want, strict=True):
@@ -355,7 +361,7 @@ def test_gpu_program_runs_as_the_model_predicts(notebook):
 
 @pytest.mark.gpu
 def test_gpu_kernel_error_surfaces_at_the_next_sync_unless_launch_blocking(notebook):
-    ns = _run_notebook_cells(notebook, ["32"])
+    ns = _run_notebook_cells(notebook, ["def run_faulty"])
     default, blocking = ns["runs"]
     assert default["raised"].endswith("at: print(total.item())"), default
     assert blocking["raised"].endswith("at: rows = table[ids]"), blocking
@@ -365,7 +371,7 @@ def test_gpu_kernel_error_surfaces_at_the_next_sync_unless_launch_blocking(noteb
 
 @pytest.mark.gpu
 def test_gpu_hidden_syncs_keep_the_host_waiting(notebook):
-    ns = _run_notebook_cells(notebook, ["38", "40", "42"])
+    ns = _run_notebook_cells(notebook, ["def make_problem", "def train_costs", "def fast_train_step"])
     slow, bare = ns["costs"]["slow_train_step"], ns["costs"]["no logging"]
     fast = ns["train_costs"](ns["fast_train_step"], **ns["GPU_TRAIN"])
     assert slow["syncs_per_step"] == 3 and bare["syncs_per_step"] == 0 and fast["syncs_per_step"] == 0
