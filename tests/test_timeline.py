@@ -379,6 +379,18 @@ def test_chrome_trace_follows_the_format(tmp_path):
     assert [e["name"] for e in trace["traceEvents"] if e["ph"] == "i"] == ["m"]
 
 
+def test_chrome_trace_puts_named_ranges_on_their_own_thread():
+    spans = [S("k", "compute", 0, 4, "stream 7"), S("step", RANGE, 0, 5, "stream 7"),
+             S("inner", RANGE, 1, 2, "stream 7"), S("half", RANGE, 4, 6, "stream 7")]
+    trace = to_chrome_trace(spans)
+    check_chrome_trace(trace)
+    threads = {e["tid"]: e["args"]["name"] for e in trace["traceEvents"]
+               if e["ph"] == "M" and e["name"] == "thread_name"}
+    xs = {e["name"]: threads[e["tid"]] for e in trace["traceEvents"] if e["ph"] == "X"}
+    assert xs == {"k": "stream 7", "step": "stream 7 (ranges)", "inner": "stream 7 (ranges)",
+                  "half": "stream 7 (ranges) (lane 2)"}
+
+
 def test_trace_checker_catches_broken_traces():
     good = to_chrome_trace([S("a", "compute", 0, 2), S("b", "compute", 1, 3)])
     check_chrome_trace(good)
