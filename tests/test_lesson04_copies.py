@@ -232,7 +232,7 @@ def _runs(inputs, spans=None, host_ms=1.0, corrupt=None):
         runs.append(run)
     if corrupt:
         corrupt(runs)
-    return {"runs": runs, "copy_ms": 1.0, "compute_ms": 2.0}
+    return {"runs": runs, "copy_ms": 1.0, "compute_ms": 2.0, "step_ms": 2.0}
 
 
 def test_copy_hidden_from_spans():
@@ -249,6 +249,11 @@ def test_copy_hidden_from_spans():
     hidden, note = c04.copy_hidden(more, n)
     assert hidden is None and "12 host-to-device copies" in note
     assert c04.copy_hidden([s for s in _pipelined(n) if s["kind"] == "h2d"], n)[0] is None
+    # Kernels an answer adds to the compute stream while the copies run would fill the compute row: capped at
+    # the probe's own compute time, they cannot pass for hidden copies.
+    faked = _serial(n) + [_span("compute", c04.COMPUTE_ROW, i * 3.0, i * 3.0 + 1) for i in range(n)]
+    assert c04.copy_hidden(faked, n)[0] == pytest.approx(1.0)
+    assert c04.copy_hidden(faked, n, compute_cap_ms=1.1 * n * 2.0)[0] == pytest.approx(0.2)
 
 
 def test_prefetcher_judge_on_plain_data():
@@ -259,6 +264,9 @@ def test_prefetcher_judge_on_plain_data():
     assert "device='cpu'" in ex.judge(cpu_inputs, _runs(cpu_inputs))
     fails = {
         "hidden under compute": _runs(inputs, spans=_serial(6)),
+        "hidden under compute ": _runs(inputs, spans=_serial(6) + [_span("compute", c04.COMPUTE_ROW, i * 3.0,
+                                                                         i * 3.0 + 1) for i in range(6)]),
+        "compute time per batch": {**_runs(inputs), "step_ms": None},
         "host-to-device copies": _runs(inputs, spans=_serial(6) + [_span("h2d", "s", 0, 1)] * 6),
         "queued on the GPU": _runs(inputs, host_ms=100.0),
         "data right": _runs(inputs, corrupt=lambda runs: runs[1]["sums"].__setitem__(2, 0.0)),
@@ -268,7 +276,7 @@ def test_prefetcher_judge_on_plain_data():
         "probe's runs": _runs(inputs, corrupt=lambda runs: runs.pop()),
     }
     for message, data in fails.items():
-        with pytest.raises(CheckFailed, match=re.escape(message)):
+        with pytest.raises(CheckFailed, match=re.escape(message.strip())):
             ex.judge(inputs, data)
 
 

@@ -331,6 +331,7 @@ def _prefetch_probe(prefetch: Callable, inputs: dict) -> dict:
     with torch.cuda.stream(compute):
         warm = [torch.empty(numel, device=gpu) for _ in range(n + 4)]
     del warm
+    step_ms = _compute_step_ms(compute, torch.rand(numel, device=gpu), compute_ms, rate)
 
     def host_batches(j: int) -> list[Any]:
         return [b.pin_memory() for b in _batches(seed + j, n, numel)]
@@ -358,7 +359,26 @@ def _prefetch_probe(prefetch: Callable, inputs: dict) -> dict:
         torch.cuda.synchronize()
         runs.append(_result(kind, outs, taken, problems, idx, **extra))
         del outs
-    return {"runs": runs, "copy_ms": copy_ms, "compute_ms": compute_ms}
+    return {"runs": runs, "copy_ms": copy_ms, "compute_ms": compute_ms, "step_ms": step_ms}
+
+
+def _compute_step_ms(stream: Any, b: Any, compute_ms: float, rate: float, repeats: int = 3) -> float:
+    """GPU time of one batch's compute in the overlap runs (`b * 2 + 1`, then the sleep), alone on `stream`."""
+    import torch
+
+    from ..measure import gpu_sleep
+
+    times = []
+    with torch.cuda.stream(stream):
+        for _ in range(repeats + 1):  # the first is a warm-up
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            b * 2 + 1
+            gpu_sleep(compute_ms, rate)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+    return sorted(times[1:])[repeats // 2]
 
 
 def _union_ms(intervals: list[tuple[float, float]]) -> float:
@@ -370,14 +390,17 @@ def _union_ms(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
-def copy_hidden(spans: list[dict], n_batches: int, compute_row: str = COMPUTE_ROW) -> tuple[float | None, str]:
+def copy_hidden(spans: list[dict], n_batches: int, compute_row: str = COMPUTE_ROW,
+                compute_cap_ms: float | None = None) -> tuple[float | None, str]:
     """Share of copy time hidden under compute, from a run's kernel-accurate spans, and a note.
 
     Copies: the profiler's host-to-device memcpy records (kind "h2d"), one per batch. Compute: kernels on the
     probe's compute stream. hidden = (copy busy + compute busy - makespan) / copy busy, the makespan running
     from the first copy's start to the last compute's end: one stream gives about 0, a perfect pipeline of
     n batches whose compute is longer than a copy (n-1)/n. Extra copies or compute elsewhere cannot raise it
-    (copies are counted, other streams' kernels are ignored). Returns (None, why) when it cannot be measured.
+    (copies are counted, other streams' kernels are ignored), and compute busy is capped at
+    `compute_cap_ms` (what the probe's own compute takes), so kernels an answer adds to the compute stream
+    cannot either. Returns (None, why) when it cannot be measured.
     """
     copies = [(s["start_ms"], s["end_ms"]) for s in spans if s.get("kind") == "h2d"]
     compute = [(s["start_ms"], s["end_ms"]) for s in spans
@@ -389,6 +412,8 @@ def copy_hidden(spans: list[dict], n_batches: int, compute_row: str = COMPUTE_RO
     t0, t1 = min(a for a, _ in copies), max(b for _, b in compute)
     copy_busy = _union_ms(copies)
     compute_busy = _union_ms([(max(a, t0), min(b, t1)) for a, b in compute if b > t0 and a < t1])
+    if compute_cap_ms is not None:
+        compute_busy = min(compute_busy, compute_cap_ms)
     if copy_busy <= 0:
         return None, "copies of zero length"
     hidden = (copy_busy + compute_busy - (t1 - t0)) / copy_busy
@@ -432,7 +457,10 @@ def _prefetch_judge(inputs: dict, data: dict) -> str:
     if not inputs["gpu"]:
         return "correct and reading ahead with device='cpu'"
 
-    measured = [copy_hidden(r["spans"], n) for r in runs if r["kind"] == "overlap"]
+    step = data.get("step_ms")
+    expect(type(step) is float and step > 0, EX_PREFETCH, "the probe's own compute time per batch", step)
+    # Compute busy counts at most the probe's own compute (+10% for clocks that vary between runs).
+    measured = [copy_hidden(r["spans"], n, compute_cap_ms=1.1 * n * step) for r in runs if r["kind"] == "overlap"]
     for hidden, note in measured:
         expect(hidden is not None, EX_PREFETCH, "one host-to-device copy per batch and compute on the loop's "
                "stream, on the profiler's record", note, hint="how many copies does your prefetcher make per batch?")
