@@ -23,8 +23,8 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from course_utils.timeline import RANGE, Span, Timeline, from_profiler  # noqa: E402
-from course_utils.timeline.kernels import ANCHOR, COMM_OP, PROBE, memcpy_kind, spans_from_trace  # noqa: E402
 from course_utils.timeline.stats import timeline_stats  # noqa: E402
+from course_utils.timeline.trace import ANCHOR, COMM_OP, PROBE, memcpy_kind, spans_from_trace  # noqa: E402
 
 PID = 4242  # the process; its main thread has tid == pid on Linux
 

@@ -9,10 +9,10 @@
 
 Modules, one idea each (arrows point one way; `spans` is the leaf):
     spans.py    Span, kinds, interval arithmetic (union, overlap, lanes)
-    record.py   Timeline: the three modes, several ranks (export, merge, gather), stored spans
-    kernels.py  kernel-accurate recording through torch.profiler, and reading its Chrome traces
+    record.py   Timeline: the three modes, export/merge/gather, stored spans;  ranks.py  merging clocks
+    kernels.py  kernel-accurate recording through torch.profiler (one profiler run shared by captures)
     stats.py    numbers (busy/idle, HTA's communication/computation overlap, ...)
-    plot.py     Nsight-style drawing;  trace.py  Chrome trace out (Perfetto) and profiler traces in
+    plot.py     Nsight-style drawing;  trace.py  Chrome trace out (Perfetto), profiler traces in (classification)
 Importing this package initialises neither CUDA nor matplotlib.
 """
 

@@ -25,12 +25,8 @@ CLOCK_MONOTONIC on Linux and so shared by all processes of one host). Host spans
 clock directly; kernels-mode times are mapped onto it (kernels.py); events-mode CUDA spans are placed by
 an *anchor*: `spans()` waits for the device once, records one event on the idle device and notes the
 host time around its completion; each event's time is the anchor's host time minus
-`event.elapsed_time(anchor)`. The anchor's uncertainty is `anchor_uncertainty_ms`.
-
-Several ranks: inside workers, `tl.gather()` (a collective) returns every rank's spans on one axis;
-or return `tl.export()` from each worker and call `Timeline.merge(...)` in the notebook. Ranks on one
-host share the host clock, so no barrier-based guess is needed; across hosts the clocks are aligned on a
-barrier and the spread of a second barrier is reported as `skew_ms`.
+`event.elapsed_time(anchor)` (uncertainty: `anchor_uncertainty_ms`). Several ranks: `tl.gather()` inside
+workers, or `Timeline.merge([tl.export(), ...])` (ranks.py says how clocks are lined up).
 """
 
 from __future__ import annotations
@@ -411,47 +407,17 @@ class Timeline:
 
     @classmethod
     def merge(cls, timelines: Iterable[Timeline | dict[str, Any]], clock: str = "auto") -> Timeline:
-        """Put several ranks' recordings (Timelines or `export()` dicts) on one time axis.
+        """Put several ranks' recordings (Timelines or `export()` dicts) on one time axis (see `ranks.py`).
 
-        clock="shared": ranks read the same host clock (one host: CLOCK_MONOTONIC), so only origins differ;
-        remaining skew is the ranks' GPU-to-host clock uncertainty. clock="barrier": shift each rank so the
-        exits of the first `align()` barrier coincide; remaining skew is the spread of the second barrier's
-        exits (an estimate: a barrier's exits are not simultaneous). "auto" picks shared when all recordings
-        come from one host.
+        clock="shared": ranks read one host clock, only origins differ. clock="barrier": ranks on several
+        hosts, aligned on the first `align()` barrier; the second one's spread is the estimated skew.
+        "auto" picks shared when all recordings come from one host. `skew_ms` and `skew_note` say how well.
         """
+        from .ranks import merge_records
+
         recs = [t.export() if isinstance(t, Timeline) else dict(t) for t in timelines]
-        if not recs:
-            raise ValueError("Timeline.merge needs at least one recording")
-        ranks = [r["rank"] for r in recs]
-        if len(set(ranks)) != len(ranks):
-            raise ValueError(f"Timeline.merge got ranks {ranks}: each rank must appear once "
-                             "(make per-rank timelines with Timeline(rank=r))")
-        if clock == "auto":
-            clock = "shared" if len({r["host"] for r in recs}) == 1 else "barrier"
-        if clock == "shared":
-            base = min(r["origin_ns"] for r in recs)
-            shifts = [(r["origin_ns"] - base) / 1e6 for r in recs]
-            skew = max(r.get("anchor_uncertainty_ms", 0.0) for r in recs)
-            note = "one host clock"
-        elif clock == "barrier":
-            if any(not r.get("barrier_ms") for r in recs):
-                raise ValueError("clock='barrier' needs every rank to have called tl.align() (gather() does)")
-            shifts = [recs[0]["barrier_ms"][0] - r["barrier_ms"][0] for r in recs]
-            second = [r["barrier_ms"][1] + s for r, s in zip(recs, shifts, strict=True)]
-            skew = (max(second) - min(second)) + max(r.get("anchor_uncertainty_ms", 0.0) for r in recs)
-            note = "hosts aligned on a barrier: estimated"
-        else:
-            raise ValueError(f"clock must be 'auto', 'shared' or 'barrier', not {clock!r}")
-        spans = []
-        for r, shift in zip(recs, shifts, strict=True):
-            for d in r["spans"]:
-                s = Span.from_dict(d)
-                s.rank = r["rank"]
-                s.start_ms += shift
-                s.end_ms += shift
-                spans.append(s)
-        modes = {r.get("mode") for r in recs}
-        merged = cls.from_spans(spans, mode=modes.pop() if len(modes) == 1 else None)
+        spans, skew, note, mode = merge_records(recs, clock)
+        merged = cls.from_spans(spans, mode=mode)
         merged.skew_ms = skew
         merged.skew_note = note
         return merged
