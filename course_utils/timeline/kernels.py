@@ -185,7 +185,12 @@ class KernelRecorder:
         self.member = None
         if session is not None and session.members[0].recorder is self:  # the outermost capture ends the run
             _ACTIVE = None
-            data = session.stop()
+            try:
+                data = session.stop()
+            except BaseException:
+                for m in session.members:  # nothing to deliver: no timeline waits for this run any more
+                    m.recorder.pending -= 1
+                raise
             to_perf, unc = session.to_perf_ns(data)
             for m in session.members:
                 m.recorder._deliver(session.ident, data, to_perf, unc, m)
