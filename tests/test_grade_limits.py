@@ -1,7 +1,7 @@
 """Submissions that misbehave are cut off and still scored; the grader never hangs and leaves nothing running.
 
-A tiny master (no torch import, so each kernel is cheap) with two exercises; the first one misbehaves in each
-submission, the second is solved, so we also see that grading goes on after the bad cell when it can.
+Two levels: the grader (probes with time limits, the feedback run with its limits), and the notebook runner of
+the feedback run itself (tiny notebooks without torch, so each kernel is cheap).
 """
 
 from __future__ import annotations
@@ -13,110 +13,146 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from course_utils import grade, release
-from course_utils._notebook_exec import run_notebook
+from course_utils import release
+from course_utils.grading import grade as grading
+from course_utils.grading import sandbox
+from course_utils.grading.notebook import run_notebook
 
+FIXTURES = Path(__file__).parent / "fixtures"
+MASTER = FIXTURES / "grading" / "99_fixture.ipynb"
+CHECKS_MODULE = str(FIXTURES / "grading" / "fixture_checks.py")
 CELL_TIMEOUT = 3
 
 
-def _cell(source, meta=None):
-    cell = nbformat.v4.new_code_cell(source)
-    if meta:
-        cell.metadata["nbgrader"] = meta
-    return cell
+def _cell(source):
+    return nbformat.v4.new_code_cell(source)
 
 
-def _master() -> nbformat.NotebookNode:
-    def sol(gid):
-        return {"solution": True, "grade": False, "locked": False, "grade_id": f"{gid}_solution", "schema_version": 3}
-
-    def chk(gid):
-        return {"grade": True, "solution": False, "locked": True, "grade_id": gid, "points": 1, "schema_version": 3}
-
-    cells = [
-        _cell("from course_utils import checks"),
-        _cell("### BEGIN SOLUTION\nfirst = 42\n### END SOLUTION", sol("ex98_first")),
-        _cell('checks.expect(first == 42, "ex98_first", "42", first)\nchecks.passed("ex98_first")', chk("ex98_first")),
-        _cell("### BEGIN SOLUTION\nsecond = 7\n### END SOLUTION", sol("ex98_second")),
-        _cell('checks.expect(second == 7, "ex98_second", "7", second)', chk("ex98_second")),
-    ]
-    nb = nbformat.v4.new_notebook(cells=cells)
+def _nb(*sources):
+    nb = nbformat.v4.new_notebook(cells=[_cell(s) for s in sources])
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     return nb
 
 
+# ---------------------------------------------------------------------------------------------- the grader
+
+
 @pytest.fixture(scope="module")
-def master_path(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("limits") / "98_limits.ipynb"
-    path.write_text(release.dumps(_master()))
+def grader():
+    options = grading.Options(cell_timeout=CELL_TIMEOUT, timeout=60, checks_modules=(CHECKS_MODULE,),
+                              max_cell_output=200_000)
+    with grading.Grader(options) as g:
+        yield g
+
+
+def _submit(tmp_path: Path, name: str, add_region: str) -> Path:
+    m = nbformat.read(MASTER, as_version=4)
+    nb = release.substitute(m, {"ex99_add": add_region}, "fixture")
+    path = tmp_path / name / "99_fixture.ipynb"
+    path.parent.mkdir(parents=True)
+    path.write_text(release.dumps(nb))
     return path
 
 
-def _grade(master_path: Path, first: str, **limits) -> tuple[grade.Grade, float]:
-    sub = release.substitute(_master(), {"ex98_first": first})
-    path = master_path.parent / "submissions" / f"{len(first)}_98_limits.ipynb"
-    path.parent.mkdir(exist_ok=True)
-    path.write_text(release.dumps(sub))
-    options = {"cell_timeout": CELL_TIMEOUT, "timeout": 30, **limits}
+def test_infinite_loop_is_cut_off_and_the_rest_still_graded(grader, tmp_path):
+    path = _submit(tmp_path, "loop", "while True:\n    pass")
     t0 = time.monotonic()
-    g = grade.grade_notebook(path, master_path, executed_dir=master_path.parent / "executed", **options)
-    return g, time.monotonic() - t0
+    g = grader.grade(path, MASTER)
+    got = g.by_id()
+    assert got["ex99_add"].status == "failed" and f"time limit of {CELL_TIMEOUT} s" in got["ex99_add"].message
+    assert got["ex99_mean"].status == "passed" and g.total == 3
+    assert time.monotonic() - t0 < CELL_TIMEOUT + 20
 
 
-def test_infinite_loop_is_cut_off_and_the_rest_still_graded(master_path):
-    g, seconds = _grade(master_path, "while True:\n    pass")
-    first, second = g.exercises
-    assert first.status == "failed" and "time limit of 3 s" in first.message
-    assert second.status == "passed" and g.total == 1
-    assert seconds < CELL_TIMEOUT + 20
+def test_exit_with_the_pass_line_is_scored_as_failed_and_the_rest_still_graded(grader, tmp_path):
+    path = _submit(tmp_path, "exit", "import os\nprint('passed: ex99_add')\nos._exit(0)")
+    got = grader.grade(path, MASTER).by_id()
+    assert got["ex99_add"].status == "failed" and "ended without a result (exit code 0)" in got["ex99_add"].message
+    assert got["ex99_mean"].status == "passed"
 
 
-def test_kernel_exit_is_scored_and_ends_the_run(master_path):
-    g, seconds = _grade(master_path, "import os\nos._exit(0)")
-    assert [r.status for r in g.exercises] == ["failed", "failed"]
-    assert "kernel died" in g.stopped
-    assert "did not run: the kernel died" in g.exercises[1].message
-    assert seconds < 30
+def test_the_submission_time_limit_stops_its_probes(tmp_path):
+    path = _submit(tmp_path, "slow", "import time\ntime.sleep(3)\nreturn a + b")
+    options = grading.Options(cell_timeout=10, timeout=2, checks_modules=(CHECKS_MODULE,))
+    with grading.Grader(options) as g:
+        got = g.grade(path, MASTER)
+    statuses = [r.status for r in got.exercises]
+    assert statuses[0] == "failed" and "time limit of 2 s" in got.exercises[0].message
+    assert any("the submission's time limit of 2 s was used up" in r.message for r in got.exercises[1:]), statuses
+    assert got.total == 0 and "time limit" in got.stopped
 
 
-def test_a_kernel_that_ignores_interrupts_is_killed(master_path):
-    stubborn = "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n    pass"
-    g, seconds = _grade(master_path, stubborn)
-    assert [r.status for r in g.exercises] == ["failed", "failed"]
-    assert "ignored the interrupt" in g.stopped
-    assert seconds < CELL_TIMEOUT + 25
-
-
-def test_notebook_time_limit(master_path):
-    g, seconds = _grade(master_path, "import time\ntime.sleep(20)\nfirst = 42", timeout=4, cell_timeout=20)
-    assert [r.status for r in g.exercises] == ["failed", "failed"]
-    assert "the notebook time limit of 4 s was reached" in g.stopped
-    assert "did not run" in g.exercises[1].message
-    assert seconds < 20
-
-
-def test_100_mb_of_output_is_capped(master_path):
-    flood = "import sys\nfor _ in range(100):\n    sys.stdout.write('x' * 1_000_000)\nfirst = 42"
-    g, seconds = _grade(master_path, flood, max_cell_output=200_000)
-    assert [r.status for r in g.exercises] == ["passed", "passed"]
-    executed = master_path.parent / "executed"
-    (kept,) = [p for p in executed.iterdir() if p.name.endswith(f"__{len(flood)}_98_limits.ipynb")]
+def test_feedback_run_is_capped_and_written(tmp_path):
+    flood = "import sys\nfor _ in range(100):\n    sys.stdout.write('x' * 1_000_000)\nreturn a + b"
+    path = _submit(tmp_path, "flood", flood)
+    executed = tmp_path / "executed"
+    options = grading.Options(cell_timeout=60, timeout=120, checks_modules=(CHECKS_MODULE,),
+                              max_cell_output=200_000, executed_dir=executed)
+    t0 = time.monotonic()
+    with grading.Grader(options) as g:
+        got = g.grade(path, MASTER)
+    assert got.by_id()["ex99_add"].status == "passed"  # the probe's output goes nowhere; the answer is right
+    (kept,) = executed.iterdir()
     text = kept.read_text()
-    assert len(text) < 1_000_000  # 100 MB went by; a fifth of a MB was kept
+    assert len(text) < 1_000_000  # 100 MB went by in the check cell's call of add; a fifth of a MB was kept
     outputs = [o for c in json.loads(text)["cells"] for o in c.get("outputs", [])]
     assert any("output cut here" in "".join(o.get("text", "")) for o in outputs)
-    assert seconds < 60
+    assert time.monotonic() - t0 < 90
 
 
-def test_processes_started_by_the_notebook_are_killed(tmp_path):
-    psutil = pytest.importorskip("psutil")
-    nb = nbformat.v4.new_notebook(cells=[
-        _cell("import subprocess\nchild = subprocess.Popen(['sleep', '300'])\nprint(child.pid)"),
-        _cell("import os\nos._exit(3)"),
-    ])
-    run = run_notebook(nb, cwd=tmp_path, cell_timeout=10, timeout=20)
+# ---------------------------------------------------------------------------------------------- the notebook runner
+
+
+def test_runner_loop_is_interrupted_and_later_cells_run():
+    run = run_notebook(_nb("while True:\n    pass", "print('after')"), cell_timeout=CELL_TIMEOUT, timeout=30)
+    assert run.cells[0].status == "timeout" and "time limit" in run.cells[0].evalue
+    assert run.cells[1].status == "ok" and run.cells[1].stdout == "after\n"
+
+
+def test_runner_kernel_exit_ends_the_run():
+    run = run_notebook(_nb("import os\nos._exit(0)", "print('never')"), cell_timeout=10, timeout=30)
+    assert run.cells[0].ename == "DeadKernelError" and run.cells[1].status == "not run"
+    assert "kernel died" in run.stopped
+
+
+def test_runner_kills_a_kernel_that_ignores_interrupts():
+    stubborn = "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n    pass"
+    t0 = time.monotonic()
+    run = run_notebook(_nb(stubborn, "print('never')"), cell_timeout=CELL_TIMEOUT, timeout=30)
+    assert "ignored the interrupt" in run.stopped and run.cells[1].status == "not run"
+    assert time.monotonic() - t0 < CELL_TIMEOUT + 25
+
+
+def test_runner_notebook_time_limit():
+    run = run_notebook(_nb("import time\ntime.sleep(20)", "print('never')"), cell_timeout=20, timeout=4)
+    assert "the notebook time limit of 4 s was reached" in run.stopped
+    assert run.cells[1].status == "not run"
+
+
+def test_runner_sandbox_is_throwaway_and_fenced(tmp_path):
+    outside = tmp_path / "outside.txt"
+    code = (f"import os\nprint(os.getcwd()); print(os.environ['HOME']); print(get_ipython().profile_dir.location)\n"
+            f"try:\n    open({str(outside)!r}, 'w').write('x'); print('written')\nexcept PermissionError:\n"
+            "    print('denied')")
+    run = run_notebook(_nb(code), cell_timeout=20, timeout=30)
+    cwd, home, profile, verdict = run.cells[0].stdout.split("\n")[:4]
+    root = Path(cwd).parent
+    assert root.name.startswith("course-notebook-") and home == str(root / "home")
+    assert profile.startswith(str(root / "ipython"))
+    assert not root.exists()
+    if sandbox.landlock_abi() >= 1:
+        assert verdict == "denied" and not outside.exists()
+
+
+def test_runner_kills_processes_started_by_the_notebook(tmp_path):
+    start = "import subprocess\nchild = subprocess.Popen(['sleep', '300'])\nprint(child.pid)"
+    nb = _nb(start, "import os\nos._exit(3)")
+    run = run_notebook(nb, cell_timeout=10, timeout=20)
     pid = int(run.cells[0].stdout)
     time.sleep(0.5)
-    alive = psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    assert not alive, f"process {pid} started by the notebook is still running"
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        state = "gone"
+    assert state in ("gone", "Z"), f"process {pid} started by the notebook is still running"
     assert run.stopped == "the kernel died in cell 1"

@@ -16,7 +16,7 @@ from course_utils import checks, release
 
 FIXTURES = Path(__file__).parent / "fixtures"
 MASTER = FIXTURES / "grading" / "99_fixture.ipynb"
-IDS = ["ex99_add", "ex99_mean", "ex99_gpu"]
+IDS = ["ex99_add", "ex99_mean", "ex99_gpu", "ex99_scale"]
 
 
 def test_nbmake_passes_exactly_when_every_exercise_does(tmp_path):

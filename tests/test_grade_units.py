@@ -1,8 +1,10 @@
-"""The grader's parts that need no kernel: putting the master's checks back, scoring rules, reports."""
+"""The grader's parts that run no student code: regions, what a probe execs, GPU slots, reports, the CLI's errors."""
 
 from __future__ import annotations
 
 import csv
+import threading
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -10,89 +12,164 @@ import nbformat
 import pytest
 
 from course_utils import grade, release
-from course_utils._notebook_exec import CellRun, NotebookRun
+from course_utils.grading import assemble
+from course_utils.grading import grade as grading
 
 MASTER = Path(__file__).parent / "fixtures" / "grading" / "99_fixture.ipynb"
 
 
-def master():
+def master_nb():
     return nbformat.read(MASTER, as_version=4)
 
 
-def check_positions(nb, roles):
-    return {gid: i for i, (role, gid) in roles.items() if role == "check"}
+@pytest.fixture(scope="module")
+def master():
+    return assemble.read_master(MASTER)
 
 
-def test_checks_come_from_the_master_even_when_edited_or_deleted():
-    m = master()
-    sub = release.student_version(m, "fixture")
-    sub.cells[4].source = "pass  # edited check"  # keeps its metadata
-    del sub.cells[9]  # the ex99_mean check
-    sub.cells.insert(9, nbformat.v4.new_code_cell("scratch = 1  # a cell the student added"))
-    sub.cells[12].metadata = {}  # the gpu check, metadata stripped: still recognised by its cell id
-    sub.cells[12].source = "pass"
-    nb, exercises, roles = grade.assemble(sub, m, "fixture")
-    where = check_positions(nb, roles)
-    for ex in exercises:
-        assert nb.cells[where[ex.grade_id]].source == m.cells[ex.check_index].source
-    assert "pass  # edited check" not in [c.source for c in nb.cells]
-    assert sum(c.source == "pass" for c in nb.cells) == 0
-    # ex99_mean's check goes after the student's added cell and before the next master cell.
-    ids = [c.get("id") for c in nb.cells]
-    mean = where["ex99_mean"]
-    assert nb.cells[mean - 1].source.startswith("scratch = 1")
-    assert ids[mean + 1] == "ex-gpu-prompt"
-    assert [gid for _, gid in sorted((i, g) for g, i in where.items())] == ["ex99_add", "ex99_mean", "ex99_gpu"]
-    solutions = sorted(i for i, (role, gid) in roles.items() if role == "solution" and gid == "ex99_mean")
-    assert [ids[i] for i in solutions] == ["ex-mean-solution-1", "ex-mean-solution-2"]
+def by_id(master):
+    return {ex.grade_id: ex for ex in master.exercises}
 
 
-def test_checks_of_a_submission_with_no_matching_cells_go_to_the_end():
-    m = master()
-    sub = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("print('something else entirely')")])
-    sub.metadata["kernelspec"] = {"name": "some-env", "display_name": "x", "language": "python"}
-    nb, _, roles = grade.assemble(sub, m, "fixture")
-    assert [c.source for c in nb.cells[1:]] == ["fc.check_add(add)", "fc.check_mean(values, mean)",
-                                                "fc.check_gpu_double(x)"]
-    assert nb.metadata["kernelspec"]["name"] == "python3"  # the master's kernel, not the student's
+def test_master_exercises_know_their_solution_and_setup_cells(master):
+    ex = by_id(master)
+    assert [e.grade_id for e in master.exercises] == ["ex99_add", "ex99_mean", "ex99_gpu", "ex99_scale"]
+    assert ex["ex99_add"].solutions == (3,) and ex["ex99_mean"].solutions == (7, 8)
+    assert all(e.setup == (1,) for e in master.exercises)  # the one setup-tagged cell, before each solution
 
 
-def _run(cells: dict[int, CellRun], stopped: str = "") -> NotebookRun:
-    return NotebookRun(cells=cells, stopped=stopped)
+def test_regions_of_a_student_version_are_stubs(master):
+    regs = assemble.regions(master, release.student_version(master_nb(), "fixture"))
+    assert all(texts == ["    raise NotImplementedError()"] or texts == ["raise NotImplementedError()"]
+               for texts in regs.values()), regs
+    assert not any(assemble.attempted(ex, regs) for ex in master.exercises)
 
 
-EX = [release.Exercise("ex_a", 2, 1, [0])]
-ROLES = {0: ("solution", "ex_a"), 1: ("check", "ex_a")}
+def test_regions_with_or_without_markers(master):
+    solved = release.student_version(master_nb(), "fixture", completed={"ex99_mean"})  # markers gone
+    regs = assemble.regions(master, solved)
+    assert regs[7] == ["    return sum(xs)"] and regs[8] == ["    return total(xs) / len(xs)"]
+    assert assemble.regions(master, master_nb())[3] == ["    return a + b"]  # the master itself, markers kept
 
 
-@pytest.mark.parametrize(
-    "solution, check, stopped, status, message",
-    [
-        (CellRun(0, "ok"), CellRun(1, "ok", stdout="passed: ex_a\n"), "", "passed", ""),
-        (CellRun(0, "ok"), CellRun(1, "ok", stdout=""), "", "passed", ""),
-        (CellRun(0, "ok"), CellRun(1, "ok", stdout="skipped: needs a GPU (ex_a ...)\n"), "", "skipped", "needs a GPU"),
-        (CellRun(0, "ok"), CellRun(1, "error", "CheckFailed", "ex_a: expected 5, saw 4"), "", "failed",
-         "ex_a: expected 5, saw 4"),
-        (CellRun(0, "error", "ZeroDivisionError", "division by zero"), CellRun(1, "error", "NameError", "name 'y'"),
-         "", "failed", "NameError: name 'y' (a solution cell raised ZeroDivisionError: division by zero)"),
-        (CellRun(0, "error", "NotImplementedError", ""), CellRun(1, "error", "NameError", "x"), "", "not attempted",
-         "still raises NotImplementedError"),
-        (CellRun(0, "error", "NotImplementedError", ""), CellRun(1, "ok", stdout="passed: ex_a"), "", "not attempted",
-         "still raises NotImplementedError"),
-        (CellRun(0, "ok"), CellRun(1, "error", "NotImplementedError", ""), "", "not attempted", "NotImplementedError"),
-        (CellRun(0, "timeout", "CellTimeoutError", "cell 0 ran past"), CellRun(1, "error", "NameError", "f"), "",
-         "failed", "CellTimeoutError: cell 0 ran past"),
-        (CellRun(0, "error", "DeadKernelError", "the kernel died"), CellRun(1, "not run"), "the kernel died in cell 0",
-         "failed", "the check did not run: the kernel died in cell 0"),
-    ],
-    ids=["pass", "pass-silent", "skip", "checkfailed", "other-error", "nie-solution", "nie-solution-but-check-ok",
-         "nie-in-check", "timeout", "kernel-died"],
-)
-def test_scoring_rules(solution, check, stopped, status, message):
-    (result,) = grade.score(EX, ROLES, _run({0: solution, 1: check}, stopped))
-    assert result.status == status
-    assert message in result.message
-    assert result.score == (2 if status == "passed" else 0)
+def test_only_regions_come_from_the_submission(master):
+    """Edited fixed lines, edited set-up and check cells, added cells: none of it reaches the probe."""
+    sub = release.student_version(master_nb(), "fixture", completed={"ex99_add"})
+    sub.cells[1].source = "def add(a, b):\n    return 5"  # the setup cell, edited
+    sub.cells[3].source = sub.cells[3].source.replace("# the student's part sits inside the function",
+                                                      "# my comment")
+    sub.cells[4].source = "print('passed: ex99_add')"  # the check cell, edited
+    sub.cells.insert(4, nbformat.v4.new_code_cell("add = lambda a, b: 5  # a cell the student added"))
+    regs = assemble.regions(master, sub)
+    assert regs[3] == ["    # my comment\n    return a + b"]  # the edited comment line is next to the block
+    code = assemble.program(master, by_id(master)["ex99_add"], regs)
+    assert [where for where, _ in code] == ["<99_fixture setup cell 1>", "<99_fixture solution cell 3>"]
+    assert code[0][1] == master.source(1)
+    assert code[1][1] == "def add(a, b):\n    # the student's part sits inside the function\n    # my comment\n" \
+                         "    return a + b"
+    text = "\n".join(src for _, src in code)
+    assert "return 5" not in text and "lambda" not in text and "passed" not in text
+
+
+def test_a_missing_solution_cell_is_not_attempted(master):
+    sub = master_nb()
+    del sub.cells[7]  # ex99_mean's first solution cell
+    regs = assemble.regions(master, sub)
+    assert regs[7] is None and assemble.attempted(by_id(master)["ex99_mean"], regs)  # its second cell is there
+    code = assemble.program(master, by_id(master)["ex99_mean"], regs)
+    assert "raise NotImplementedError()" in code[1][1] and "return total(xs) / len(xs)" in code[2][1]
+    sub2 = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("print('something else entirely')")])
+    regs2 = assemble.regions(master, sub2)
+    assert all(v is None for v in regs2.values())
+    assert not any(assemble.attempted(ex, regs2) for ex in master.exercises)
+
+
+def test_a_cell_found_by_its_id_when_its_metadata_is_gone(master):
+    sub = master_nb()
+    sub.cells[3].metadata = {}
+    sub.cells[3].source = "def add(a, b):\n    # the student's part sits inside the function\n    return b + a"
+    assert assemble.regions(master, sub)[3] == ["    return b + a"]
+
+
+@pytest.mark.parametrize("text, stub", [("raise NotImplementedError()", True), ("  # nothing yet\n", True),
+                                        ("", True), ("    raise NotImplementedError()\n    # todo", True),
+                                        ("return 1", False), ("raise NotImplementedError('x')", False)])
+def test_is_stub(text, stub):
+    assert assemble.is_stub(text) is stub
+
+
+def test_feedback_notebook_is_the_master_with_regions(master):
+    sub = release.student_version(master_nb(), "fixture", completed={"ex99_add"})
+    sub.cells[4].source = "pass"
+    nb = assemble.feedback_notebook(master, assemble.regions(master, sub))
+    assert [c.source for c in nb.cells if c.cell_type == "markdown"] == \
+        [c.source for c in master.nb.cells if c.cell_type == "markdown"]
+    assert nb.cells[4].source == 'check("ex99_add", add)'
+    assert nb.cells[3].source.endswith("    return a + b") and "raise NotImplementedError()" in nb.cells[7].source
+    assert master.nb.cells[7].source.count("BEGIN SOLUTION") == 1  # the master in memory is untouched
+
+
+# ---------------------------------------------------------------------------------------------- GPU slots
+
+
+def _honest_data(grade_id: str, inputs: dict) -> dict:
+    """What an honest probe of each fixture exercise returns on a GPU machine."""
+    if grade_id == "ex99_add":
+        return {"sums": [a + b for a, b in inputs["pairs"]]}
+    if grade_id == "ex99_mean":
+        return {"means": [sum(xs) / len(xs) for xs in inputs["lists"]]}
+    if grade_id == "ex99_gpu":
+        return {"tensor": True, "device": "cuda", "values": [0.0, 2.0, 4.0, 6.0]}
+    return {"tensor": True, "device": "cuda", "values": [v * inputs["k"] for v in inputs["values"]]}
+
+
+def test_gpu_exercises_get_one_gpu_each_and_queue(monkeypatch, tmp_path):
+    """6 submissions, 2 GPUs, -j 4: never two GPU probes on one GPU at once, both GPUs used, every GPU probe
+    pinned to one GPU with inputs["gpu"] True; CPU exercises get no GPU at all."""
+    from course_utils import checks
+    from course_utils.grading.probe import ProbeOutcome
+
+    lock, busy, overlap, seen, cpu_seen = threading.Lock(), set(), [], [], []
+
+    def fake_probe(server, program, grade_id, inputs, *, cuda_visible_devices, timeout, landlock=True):
+        inputs = checks.from_bytes(inputs)
+        gpu_job = grade_id in ("ex99_gpu", "ex99_scale")
+        with lock:
+            if gpu_job:
+                assert inputs["gpu"] is True
+                if cuda_visible_devices in busy:
+                    overlap.append(cuda_visible_devices)
+                busy.add(cuda_visible_devices)
+                seen.append(cuda_visible_devices)
+            else:
+                cpu_seen.append((cuda_visible_devices, inputs["gpu"]))
+        time.sleep(0.05)
+        with lock:
+            busy.discard(cuda_visible_devices)
+        return ProbeOutcome("ok", data=_honest_data(grade_id, inputs))
+
+    monkeypatch.setattr(grading, "run_probe", fake_probe)
+    items = []
+    for i in range(6):
+        path = tmp_path / f"s{i}_99_fixture.ipynb"
+        path.write_text(MASTER.read_text())
+        items.append((path, MASTER))
+    options = grading.Options(jobs=4, gpus=("0", "1"), checks_modules=(str(MASTER.parent / "fixture_checks.py"),))
+    with grading.Grader(options) as g:
+        grades = list(g.grade_all(items))
+    assert all(gr.total == 8 for gr in grades), [grade.format_table(gr) for gr in grades]
+    assert overlap == [] and sorted(set(seen)) == ["0", "1"] and len(seen) == 12
+    assert set(cpu_seen) == {("", False)}
+
+
+def test_visible_gpus_follow_cuda_visible_devices(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    assert grading.visible_gpus() == ("2", "3")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert grading.visible_gpus() == ()
+
+
+# ---------------------------------------------------------------------------------------------- reports
 
 
 def test_find_master_by_name(tmp_path):
@@ -115,10 +192,10 @@ def _grades():
         grade.ExerciseResult("ex99_gpu", 1, 0, "skipped", "needs a GPU"),
     ], seconds=3.0)
     b = grade.Grade("s/bob.ipynb", "notebooks/99_fixture.ipynb", [
-        grade.ExerciseResult("ex99_add", 2, 0, "not attempted", "a solution cell still raises NotImplementedError"),
+        grade.ExerciseResult("ex99_add", 2, 0, "not attempted", "the solution is still `raise NotImplementedError()`"),
         grade.ExerciseResult("ex99_mean", 3, 3, "passed"),
         grade.ExerciseResult("ex99_gpu", 1, 0, "skipped", "needs a GPU"),
-    ], seconds=2.0, stopped="the kernel died in cell 12")
+    ], seconds=2.0, stopped="cannot read the submission")
     return [a, b]
 
 
@@ -130,7 +207,7 @@ def test_csv_has_a_row_per_submission_and_a_column_per_exercise(tmp_path):
     assert [(r["submission"], r["ex99_add"], r["ex99_mean"], r["total"], r["max"]) for r in rows] == [
         ("s/alice.ipynb", "2", "0", "2", "6"), ("s/bob.ipynb", "0", "3", "3", "6")]
     assert "ex99_gpu: skipped" in rows[0]["notes"] and "ex99_mean: failed" in rows[0]["notes"]
-    assert rows[1]["notes"].startswith("the kernel died in cell 12")
+    assert rows[1]["notes"].startswith("cannot read the submission")
 
 
 def test_junit_reports_each_exercise(tmp_path):
@@ -154,12 +231,9 @@ def test_table_shows_scores_and_total():
     assert "total" in text and "2/6" in text and "1 points skipped" in text
 
 
-def test_unreadable_submission_scores_zero_without_running(tmp_path):
-    bad = tmp_path / "99_fixture.ipynb"
-    bad.write_text("{ not json")
-    g = grade.grade_notebook(bad, MASTER)
-    assert g.total == 0 and {r.status for r in g.exercises} == {"failed"}
-    assert g.stopped.startswith("cannot read the submission")
+def test_messages_are_made_safe_for_reports():
+    text = grading._clean("a\x00b\x1bc\n" + "x" * 5000)
+    assert "\x00" not in text and "\x1b" not in text and len(text) < 4100
 
 
 def test_cli_usage_errors_exit_2(tmp_path, capsys):

@@ -22,8 +22,9 @@ def master():
 
 def test_fixture_master_structure():
     found = release.exercises(master(), "fixture")
-    assert [(ex.grade_id, ex.points) for ex in found] == [("ex99_add", 2), ("ex99_mean", 3), ("ex99_gpu", 1)]
-    assert [len(ex.solution_indices) for ex in found] == [1, 2, 1]
+    assert [(ex.grade_id, ex.points) for ex in found] == [("ex99_add", 2), ("ex99_mean", 3), ("ex99_gpu", 1),
+                                                          ("ex99_scale", 2)]
+    assert [len(ex.solution_indices) for ex in found] == [1, 2, 1, 1]
 
 
 def test_student_version_replaces_solutions_keeps_indentation_and_locks_checks():
@@ -34,12 +35,12 @@ def test_student_version_replaces_solutions_keeps_indentation_and_locks_checks()
     student = release.student_version(nb, "fixture")
     sources = [c.source for c in student.cells]
     text = "\n".join(sources)
-    for secret in ("return a + b", "values = [1, 2, 3, 4]", "sum(values) / len(values)", "torch.arange"):
+    for secret in ("return a + b", "return sum(xs)", "total(xs) / len(xs)", "torch.arange", "t.to(device) * k"):
         assert secret not in text
     assert "BEGIN SOLUTION" not in text and "END SOLUTION" not in text
     add = student.cells[3].source.split("\n")
     assert add[0] == "def add(a, b):" and add[2] == "    raise NotImplementedError()"  # indented like BEGIN
-    assert student.cells[8].source == "raise NotImplementedError()\nprint(mean)"  # code outside the block stays
+    assert student.cells[8].source == "def mean(xs):\n    raise NotImplementedError()\n\n\nprint(mean([1, 2, 3, 4]))"
     assert student.cells[11].source == "import torch\n\nraise NotImplementedError()"
     for cell in student.cells:
         if cell.cell_type == "code":
@@ -54,13 +55,13 @@ def test_student_version_replaces_solutions_keeps_indentation_and_locks_checks()
     assert master().cells[3].source != student.cells[3].source  # the master is untouched
     # The grader reads the same exercises from a student version.
     got = release.exercises(student, "student", require_markers=False)
-    assert [ex.grade_id for ex in got] == ["ex99_add", "ex99_mean", "ex99_gpu"]
+    assert [ex.grade_id for ex in got] == ["ex99_add", "ex99_mean", "ex99_gpu", "ex99_scale"]
 
 
 def test_completed_exercises_keep_their_solution_without_markers():
     student = release.student_version(master(), "fixture", completed={"ex99_mean"})
-    assert student.cells[7].source == "values = [1, 2, 3, 4]"
-    assert student.cells[8].source == "mean = sum(values) / len(values)\nprint(mean)"
+    assert student.cells[7].source == "def total(xs):\n    return sum(xs)"
+    assert student.cells[8].source == "def mean(xs):\n    return total(xs) / len(xs)\n\n\nprint(mean([1, 2, 3, 4]))"
     assert "raise NotImplementedError()" in student.cells[3].source
     with pytest.raises(release.ReleaseError, match="no exercise"):
         release.student_version(master(), "fixture", completed={"ex99_nope"})
@@ -74,7 +75,7 @@ def test_release_command_is_deterministic_and_refuses_to_overwrite_masters(tmp_p
     nbformat.write(plain, src / "00_plain.ipynb")
     assert release.main([str(src), str(tmp_path / "a")]) == 0
     assert release.main([str(src), str(tmp_path / "b")]) == 0
-    assert "99_fixture.ipynb: 3 exercises, 6 points" in capsys.readouterr().out
+    assert "99_fixture.ipynb: 4 exercises, 8 points" in capsys.readouterr().out
     names = sorted(p.name for p in (tmp_path / "a").iterdir())
     assert names == ["00_plain.ipynb", "99_fixture.ipynb"]
     for name in names:
@@ -113,7 +114,7 @@ SOL = {"solution": True, "grade": False, "grade_id": "ex99_extra_solution"}
         (_with_cell("check()", {"grade": True, "grade_id": "ex99_x", "points": "2"}), "needs 'points'"),
         (_with_cell("check()", {"grade": True, "grade_id": "ex99_add", "points": 1}, where=5), "duplicate grade_id"),
         (_with_cell("check()", {"grade": True, "grade_id": "ex99_x", "points": 1}, where=5), "no solution cell"),
-        (_with_cell("### BEGIN SOLUTION\n### END SOLUTION", SOL, where=14), "not followed by a check cell"),
+        (_with_cell("### BEGIN SOLUTION\n### END SOLUTION", SOL, where=17), "not followed by a check cell"),
     ],
     ids=["no-end", "no-begin", "nested", "inline-marker", "no-metadata", "no-markers", "check-no-id",
          "check-no-points", "check-bad-points", "duplicate-id", "check-without-solution", "trailing-solution"],
@@ -139,11 +140,11 @@ def test_duplicate_grade_id_across_notebooks_is_an_error(tmp_path, capsys):
 def test_substitute_indents_answers_and_fills_several_blocks():
     nb = release.substitute(master(), {"ex99_add": "# ruff: noqa\nreturn a - b\n"}, "fixture")
     assert nb.cells[3].source.endswith("\n    # ruff: noqa\n    return a - b")
-    both = "values = [2]\n### NEXT SOLUTION\nmean = 0\n"
+    both = "return 0\n### NEXT SOLUTION\nreturn 1\n"
     nb = release.substitute(master(), {"ex99_mean": both}, "fixture")
-    assert nb.cells[7].source == "values = [2]"
-    assert nb.cells[8].source == "mean = 0\nprint(mean)"
-    one = release.substitute(master(), {"ex99_mean": "values = [2]"}, "fixture")
+    assert nb.cells[7].source == "def total(xs):\n    return 0"
+    assert nb.cells[8].source == "def mean(xs):\n    return 1\n\n\nprint(mean([1, 2, 3, 4]))"
+    one = release.substitute(master(), {"ex99_mean": "return 0"}, "fixture")
     assert one.cells[8].source == master().cells[8].source  # blocks with no replacement keep the master's
     with pytest.raises(release.ReleaseError, match="no exercise"):
         release.substitute(master(), {"ex42_missing": "x = 1"}, "fixture")
@@ -151,7 +152,7 @@ def test_substitute_indents_answers_and_fills_several_blocks():
 
 def test_fixture_wrong_answers_name_real_exercises():
     ids = {ex.grade_id for ex in release.exercises(master(), "fixture")}
-    files = {p.stem for p in (FIXTURES / "wrong_answers" / MASTER.stem).glob("*.py")}
+    files = {p.stem.split("__")[0] for p in (FIXTURES / "wrong_answers" / MASTER.stem).glob("*.py")}
     assert files == ids
 
 

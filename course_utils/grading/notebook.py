@@ -1,4 +1,9 @@
-"""Run a notebook that may misbehave: fresh kernel, time limits, capped output, no leftovers.
+"""Run a notebook that may misbehave: fresh sandboxed kernel, time limits, capped output, no leftovers.
+
+The grader runs a submission's notebook only to hand it back as feedback (--executed-dir): verdicts come
+from probes (grading/probe.py), never from this run. Still, the kernel runs a student's code, so
+`run_notebook(..., sandbox=...)` starts it in a throwaway folder (cwd, home, IPython profile, temp dir) and,
+where Linux has Landlock, lets it write nowhere else.
 
 Built on nbclient's cell machinery, with what grading untrusted notebooks needs on top:
 - every cell runs even after an error (like the grader of a course: a broken exercise must not zero the rest);
@@ -6,22 +11,25 @@ Built on nbclient's cell machinery, with what grading untrusted notebooks needs 
   remaining cells are reported as not run; the whole notebook has its own limit too;
 - a kernel that dies (os._exit, a crash) ends the run; the cells after it are "not run";
 - output kept per cell and per notebook is capped (a cell printing 100 MB costs memory only once, in transit);
-- the kernel's process group (and, with psutil, its other descendants) is killed at the end, whatever happened.
+- the kernel, its process group and its other descendants are killed at the end, whatever happened.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
 
 import nbformat
+from jupyter_client.manager import AsyncKernelManager
 from nbclient import NotebookClient
 from nbclient.exceptions import DeadKernelError
+
+from .sandbox import Sandbox, kill_tree
 
 TIMEOUT_ENAME = "CellTimeoutError"
 CUT_NOTE = "\n[grader: output cut here; it passed the limit of {} characters]\n"
@@ -45,6 +53,19 @@ class NotebookRun:
     stopped: str = ""  # why the run ended before the last cell, empty if it did not
     seconds: float = 0.0
     nb: object = None  # the executed notebook, outputs capped
+
+
+class _SandboxedKernelManager(AsyncKernelManager):
+    """Starts the kernel through `python -m course_utils.grading.sandbox WRITABLE... --`, which fences its
+    writes in (Landlock) before exec'ing the usual kernel command."""
+
+    writable: list[str] = []
+
+    def format_kernel_cmd(self, extra_arguments=None):
+        cmd = super().format_kernel_cmd(extra_arguments)
+        if not self.writable:
+            return cmd
+        return [sys.executable, "-m", "course_utils.grading.sandbox", *self.writable, "--", *cmd]
 
 
 class _GradingClient(NotebookClient):
@@ -122,32 +143,8 @@ def _error(cell) -> tuple[str, str]:
     return "", ""
 
 
-def _kernel_tree(pid: int | None) -> list:
-    """The kernel's descendants (workers it spawned), if psutil is here to find them."""
-    if not pid:
-        return []
-    try:
-        import psutil
-
-        return psutil.Process(pid).children(recursive=True)
-    except Exception:  # psutil missing, or the kernel already gone
-        return []
-
-
-def _kill(pgid: int | None, descendants: list) -> None:
-    if pgid and pgid != os.getpgrp():
-        try:
-            os.killpg(pgid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-    for proc in descendants:
-        try:
-            proc.kill()
-        except Exception:  # already gone
-            pass
-
-
-async def _run(nb, *, kernel_name, cwd, cell_timeout, timeout, max_cell_output, max_total_output) -> NotebookRun:
+async def _run(nb, *, kernel_name, cwd, cell_timeout, timeout, max_cell_output, max_total_output,
+               box: Sandbox | None, env: dict | None) -> NotebookRun:
     start = time.monotonic()
     deadline = start + timeout
     result = NotebookRun(nb=nb)
@@ -166,13 +163,23 @@ async def _run(nb, *, kernel_name, cwd, cell_timeout, timeout, max_cell_output, 
         record_timing=False,
     )
     client.reset_execution_trackers()
-    client.km = client.create_kernel_manager()
-    pid = pgid = None
+    launch: dict = {}
+    if box is not None:
+        client.km = _SandboxedKernelManager(kernel_name=kernel_name,
+                                            connection_file=str(box.root / "tmp" / "kernel.json"))
+        client.km.writable = [str(box.root), "/dev"]
+        launch["env"] = box.env(env)
+    else:
+        client.km = client.create_kernel_manager()
+        if env is not None:
+            launch["env"] = env
+    pid = None
     try:
         # The kernel's own stderr (not the cells' output, which comes over iopub) would clutter the report.
-        await client.async_start_new_kernel(cwd=str(cwd), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        await client.async_start_new_kernel(cwd=str(cwd), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                            **launch)
         provisioner = getattr(client.km, "provisioner", None)
-        pid, pgid = getattr(provisioner, "pid", None), getattr(provisioner, "pgid", None)
+        pid = getattr(provisioner, "pid", None)
         await client.async_start_new_kernel_client()
         code_cells = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and c.source.strip()]
         for n, index in enumerate(code_cells):
@@ -214,12 +221,12 @@ async def _run(nb, *, kernel_name, cwd, cell_timeout, timeout, max_cell_output, 
                 # The interrupt did not bring the kernel back to idle: it is stuck; stop here.
                 result.stopped = f"the kernel ignored the interrupt after the time limit in cell {index}"
     finally:
-        descendants = _kernel_tree(pid)
+        if pid:  # the kernel and whatever it started (it leads its own session; it is a subreaper)
+            kill_tree(pid)
         try:
             await asyncio.wait_for(client._async_cleanup_kernel(), 15)
-        except Exception:  # kernel already dead, or cleanup stuck: the kill below settles it
+        except Exception:  # kernel already dead, or cleanup stuck
             pass
-        _kill(pgid, descendants)
     result.seconds = time.monotonic() - start
     return result
 
@@ -227,16 +234,31 @@ async def _run(nb, *, kernel_name, cwd, cell_timeout, timeout, max_cell_output, 
 def run_notebook(
     nb,
     *,
-    cwd: str | os.PathLike = ".",
+    cwd: str | os.PathLike | None = None,
     kernel_name: str = "python3",
     cell_timeout: float = 120,
     timeout: float = 600,
     max_cell_output: int = 1_000_000,
     max_total_output: int = 20_000_000,
+    sandbox: bool = True,
+    env: dict[str, str] | None = None,
 ) -> NotebookRun:
-    """Execute `nb` (modified in place) in a fresh kernel started in `cwd`; never raises for the notebook's errors."""
-    coro = _run(nb, kernel_name=kernel_name, cwd=cwd, cell_timeout=cell_timeout, timeout=timeout,
-                max_cell_output=max_cell_output, max_total_output=max_total_output)
+    """Execute `nb` (modified in place) in a fresh kernel; never raises for the notebook's errors.
+
+    sandbox=True (the default): the kernel runs in a throwaway folder (its cwd unless `cwd` is given) with its
+    own home, IPython profile and temp dir, writes fenced in where Landlock exists; the folder is removed
+    afterwards. `env`: the kernel's environment before the sandbox moves home and temp dirs (default: ours)."""
+    box = Sandbox(prefix="course-notebook-") if sandbox else None
+    try:
+        return _run_sync(_run(nb, kernel_name=kernel_name, cwd=cwd or (box.work if box else "."),
+                              cell_timeout=cell_timeout, timeout=timeout, max_cell_output=max_cell_output,
+                              max_total_output=max_total_output, box=box, env=env))
+    finally:
+        if box is not None:
+            box.close()
+
+
+def _run_sync(coro):
     try:
         asyncio.get_running_loop()
     except RuntimeError:

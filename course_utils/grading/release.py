@@ -10,7 +10,7 @@ An exercise is one or more solution cells followed by one check cell (nbgrader-s
   previous check cell and itself.
 The release is deterministic (same masters, same bytes) and refuses masters whose structure the grader
 could not score: unbalanced markers, a check cell without grade_id or points, a duplicate grade_id.
-`course_utils.grade` reads the same structure from the masters.
+`course_utils.grading` reads the same structure from the masters.
 """
 
 from __future__ import annotations

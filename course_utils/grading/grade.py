@@ -1,0 +1,449 @@
+"""Grade submissions: each exercise's verdict decided in the grader's process, from plain data.
+
+    python -m course_utils.grade SUBMISSION.ipynb|FOLDER [...] [--master-dir notebooks/] [-j N]
+        [--csv scores.csv] [--junit grades.xml] [--executed-dir DIR] [--checks-module MOD_OR_FILE.py ...]
+        [--timeout S] [--cell-timeout S] [--max-output N] [--gpus 0,1]
+
+How (see the README's instructor section for why):
+1. Each master is read once, into memory. From a submission only the solution regions are taken (what
+   stands where the master has `### BEGIN SOLUTION` ... `### END SOLUTION`); everything else comes from
+   the master, so edited set-up or check cells, and cells a student added, do not run.
+2. For each exercise the grader makes the check's inputs, and a throwaway probe process (forked by the
+   probe server, sandboxed: own cwd/home/temp, writes fenced in, CUDA_VISIBLE_DEVICES pinned) runs the
+   master's set-up cells, the solution cells with the submission's regions, and the check's `probe`. Its
+   plain-data result comes back as bytes, is decoded without running any code of the sender's, and the
+   check's `judge` decides here. The probe and all it started are killed when it answers or times out.
+3. --executed-dir runs the whole notebook (master + regions) in a sandboxed kernel, only to hand it back
+   as feedback: its outputs never decide anything.
+Outcomes: passed; failed (the check's message, the error, or the time limit); skipped (needs a GPU that
+this machine lacks; a failure under COURSE_REQUIRE_GPU=1); not attempted (the region is still the stub, or
+the solution raised NotImplementedError). On a machine with G GPUs at most one probe of a GPU exercise
+runs per GPU at a time; -j N runs N probes (of any submissions) at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import queue
+import re
+import sys
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import nbformat
+
+from . import assemble, release
+from .probe import ProbeServer, run_probe
+from .probe_server import CHECKS_MODULES_ENV, import_checks_module, load_checks
+from .report import (
+    FAILED,
+    NOT_ATTEMPTED,
+    PASSED,
+    SKIPPED,
+    ExerciseResult,
+    Grade,
+    format_table,
+    write_csv,
+    write_junit,
+)
+from .sandbox import FileGuard
+
+MAX_SUBMISSION_BYTES = 50 << 20
+NO_LANDLOCK_ENV = "COURSE_GRADING_NO_LANDLOCK"  # tests of the fallback only: probes then rely on FileGuard
+_JUDGE_MODULES = ("course_utils.measure", "course_utils.timeline", "course_utils.reference")
+
+
+class GradeError(RuntimeError):
+    """The grader cannot grade: no master for a submission, a broken master, a probe server that will not start."""
+
+
+@dataclass
+class Options:
+    timeout: float = 600  # seconds per submission (all its probes), and for the feedback run
+    cell_timeout: float = 120  # seconds per probe (capped by the exercise's own timeout_s) and per feedback cell
+    max_cell_output: int = 1_000_000  # characters kept per cell in the feedback run
+    executed_dir: str | os.PathLike | None = None
+    jobs: int = 1
+    checks_modules: tuple[str, ...] = ()
+    gpus: tuple[str, ...] | None = None  # GPU ids to use; None: every GPU this process can see
+
+
+def visible_gpus() -> tuple[str, ...]:
+    """The GPU ids probes may be pinned to: CUDA_VISIBLE_DEVICES's entries if set, else 0..count-1."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        return tuple(t.strip() for t in env.split(",") if t.strip() and not t.strip().startswith("-"))
+    import torch
+
+    return tuple(str(i) for i in range(torch.cuda.device_count()))  # NVML first: no CUDA context here
+
+
+def _clean(text: str, limit: int = 4000) -> str:
+    """A message fit for a table, CSV and XML: no control characters, bounded length."""
+    text = re.sub(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]", "?", str(text)).strip()
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+@dataclass
+class _Submission:
+    path: Path
+    label: str
+    master: assemble.Master
+    grade: Grade
+    regions: dict = field(default_factory=dict)
+    started: float | None = None
+    finished: float = 0.0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def time_left(self, budget: float) -> float:
+        with self.lock:
+            if self.started is None:
+                self.started = time.monotonic()
+            return self.started + budget - time.monotonic()
+
+    def done(self) -> None:
+        with self.lock:
+            self.finished = time.monotonic()
+
+
+class Grader:
+    """Grades submissions against masters read once; owns the probe server (use as a context manager)."""
+
+    def __init__(self, options: Options | None = None, **kw):
+        self.options = options or Options(**kw)
+        modules = tuple(self.options.checks_modules)
+        self.landlock = os.environ.get(NO_LANDLOCK_ENV) != "1"
+        self.server = ProbeServer(modules)  # starts loading torch and the checks in its own process now
+        try:
+            self.check_errors = load_checks(modules)  # the same modules here, before any student code runs
+            for name in _JUDGE_MODULES:
+                __import__(name)
+            for err in self.check_errors:
+                print(f"grade: warning: a checks module failed to import: {err}", file=sys.stderr)
+            gpus = self.options.gpus if self.options.gpus is not None else visible_gpus()
+            self.gpus: queue.Queue[str] = queue.Queue()
+            for gpu in gpus:
+                self.gpus.put(gpu)
+            self.n_gpus = len(gpus)
+            self.masters: dict[Path, assemble.Master] = {}
+            self._guard: FileGuard | None = None
+            self._guard_lock = threading.Lock()
+            info = self.server.wait_ready()
+            for err in info.get("errors", []):
+                print(f"grade: warning: the probe server could not import a checks module: {err}", file=sys.stderr)
+            if info.get("cuda_initialized"):
+                print("grade: warning: CUDA was initialised in the probe server; GPU probes may fail", file=sys.stderr)
+        except BaseException:
+            self.server.close()
+            raise
+
+    def close(self) -> None:
+        self.server.close()
+        self._restore()
+
+    def __enter__(self) -> Grader:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------------------------------ masters
+
+    def master(self, path: str | os.PathLike) -> assemble.Master:
+        """The parsed master at `path`, read from disk the first time only."""
+        key = Path(path).resolve()
+        if key not in self.masters:
+            try:
+                self.masters[key] = assemble.read_master(key)
+            except release.ReleaseError as e:
+                raise GradeError(f"broken master: {e}") from e
+            except Exception as e:
+                raise GradeError(f"{path}: cannot read the master: {e}") from e
+        return self.masters[key]
+
+    def _protect(self) -> None:
+        """Copy what no submission may change: the package, the checks modules, the masters, IPython startup."""
+        import course_utils
+
+        roots = [Path(course_utils.__file__).parent]
+        for folder in sorted({m.parent for m in self.masters}):  # every master beside the ones graded
+            roots += sorted(folder.glob("*.ipynb"))
+        for spec in self.options.checks_modules:
+            module = import_checks_module(spec)
+            if getattr(module, "__file__", None):
+                roots.append(Path(module.__file__))
+        home = Path(os.environ.get("HOME", str(Path.home())))
+        roots.append(home / ".ipython" / "profile_default" / "startup")
+        with self._guard_lock:
+            self._guard = FileGuard(roots)
+
+    def _restore(self) -> list[str]:
+        with self._guard_lock:
+            return self._guard.restore() if self._guard else []
+
+    # ------------------------------------------------------------------------------------------ grading
+
+    def grade(self, submission: str | os.PathLike, master: str | os.PathLike) -> Grade:
+        """Grade one submission (GradeError if its master is broken)."""
+        (result,) = self.grade_all([(submission, master)])
+        if isinstance(result, str):
+            raise GradeError(result)
+        return result
+
+    def grade_all(self, items: list[tuple[str | os.PathLike, str | os.PathLike]]):
+        """Grade (submission, master) pairs; yields a Grade (or an error message) per pair, in order."""
+        subs: list[_Submission | str] = []
+        for path, master_path in items:
+            try:
+                subs.append(self._prepare(Path(path), self.master(master_path)))
+            except GradeError as e:
+                subs.append(str(e))
+        self._protect()
+        with ThreadPoolExecutor(max(1, self.options.jobs), thread_name_prefix="grade") as pool:
+            plans = []
+            for sub in subs:
+                if isinstance(sub, str):
+                    plans.append((sub, []))
+                    continue
+                futures = [pool.submit(self._exercise, sub, ex) for ex in sub.master.exercises
+                           if sub.grade.stopped == ""]
+                if self.options.executed_dir and not sub.grade.stopped:
+                    futures.append(pool.submit(self._feedback, sub))
+                plans.append((sub, futures))
+            for sub, futures in plans:
+                if isinstance(sub, str):
+                    yield sub
+                    continue
+                yield self._finish(sub, futures)
+
+    def _prepare(self, path: Path, master: assemble.Master) -> _Submission:
+        grade = Grade(_label(path), str(master.path))
+        sub = _Submission(path, grade.submission, master, grade)
+        try:
+            if path.stat().st_size > MAX_SUBMISSION_BYTES:
+                raise ValueError(f"it is larger than {MAX_SUBMISSION_BYTES >> 20} MB")
+            nb = nbformat.read(path, as_version=4)
+            sub.regions = assemble.regions(master, nb)
+        except Exception as e:  # not JSON, not a notebook: the submission scores nothing, the class goes on
+            grade.stopped = _clean(f"cannot read the submission: {e}", 300)
+            grade.exercises = [ExerciseResult(ex.grade_id, ex.points, 0, FAILED, grade.stopped)
+                               for ex in master.exercises]
+        return sub
+
+    def _finish(self, sub: _Submission, futures: list[Future]) -> Grade:
+        results = [f.result() for f in futures]
+        if results:
+            sub.grade.exercises = [r for r in results if isinstance(r, ExerciseResult)]
+            sub.grade.seconds = sub.finished - (sub.started or sub.finished)
+        for ex in sub.grade.exercises:
+            if ex.status == FAILED and ex.message.startswith("not run: the submission's time limit"):
+                sub.grade.stopped = sub.grade.stopped or f"the submission's time limit of {self.options.timeout:g} s"
+        return sub.grade
+
+    def _exercise(self, sub: _Submission, ex: assemble.MasterExercise) -> ExerciseResult:
+        try:
+            status, message = self._verdict(sub, ex)
+        except Exception as e:  # a grader or check bug must not cost the rest of the class its grades
+            status, message = FAILED, f"the grader failed on this exercise ({type(e).__name__}: {e})"
+        sub.done()
+        return ExerciseResult(ex.grade_id, ex.points, ex.points if status == PASSED else 0, status, _clean(message))
+
+    def _verdict(self, sub: _Submission, ex: assemble.MasterExercise) -> tuple[str, str]:
+        from course_utils import checks
+
+        if not assemble.attempted(ex, sub.regions):
+            missing = all(sub.regions.get(i) is None for i in ex.solutions)
+            return NOT_ATTEMPTED, ("the submission has no solution cell for it" if missing
+                                   else "the solution is still `raise NotImplementedError()`")
+        try:
+            check = checks.exercise(ex.grade_id)
+        except KeyError:
+            return FAILED, (f"no check registered for exercise {ex.grade_id!r}: a module in course_utils/checks/ "
+                            "must register an Exercise for it (or pass its module with --checks-module)")
+        except Exception as e:
+            return FAILED, f"the checks module of {ex.grade_id!r} failed to import ({type(e).__name__}: {e})"
+        gpu_needed = check.needs_gpu and self.n_gpus > 0
+        if check.needs_gpu and not gpu_needed and not check.cpu_part:
+            return self._skip(ex.grade_id, "needs a GPU; not graded on this machine")
+        try:
+            inputs = checks.plain({**check.inputs(), "gpu": gpu_needed})
+        except Exception as e:
+            return FAILED, f"the check's inputs() failed ({type(e).__name__}: {e})"
+        left = sub.time_left(self.options.timeout)
+        limit = min(check.timeout_s, self.options.cell_timeout, left)
+        if limit <= 0:
+            return FAILED, f"not run: the submission's time limit of {self.options.timeout:g} s was used up"
+        gpu = self.gpus.get() if gpu_needed else ""
+        try:
+            outcome = run_probe(self.server, assemble.program(sub.master, ex, sub.regions), ex.grade_id,
+                                checks.to_bytes(inputs), cuda_visible_devices=gpu, timeout=limit,
+                                landlock=self.landlock)
+        finally:
+            if gpu_needed:
+                self.gpus.put(gpu)
+            changed = self._restore()
+        if changed:
+            note = f"files changed while {ex.grade_id} was graded were put back: {'; '.join(changed)[:1000]}"
+            sub.grade.notes.append(note)
+            print(f"grade: warning: {sub.label}: {note}", file=sys.stderr)
+        if outcome.status == "not attempted":
+            return NOT_ATTEMPTED, "the solution raised NotImplementedError"
+        if outcome.status != "ok":
+            return FAILED, outcome.message
+        try:
+            detail = check.judge(inputs, outcome.data)
+        except checks.CheckFailed as e:
+            return FAILED, str(e)
+        except Exception as e:  # data of the wrong shape (a broken or forged probe result) fails
+            return FAILED, f"the check could not judge what the probe returned ({type(e).__name__}: {e})"
+        if check.needs_gpu and not gpu_needed:
+            return self._skip(ex.grade_id, f"needs a GPU ({checks.CPU_PART_PASSED})")
+        return PASSED, detail if isinstance(detail, str) else ""
+
+    def _skip(self, grade_id: str, message: str) -> tuple[str, str]:
+        from course_utils import checks
+
+        if checks.require_gpu_mode():
+            return FAILED, f"{message}; COURSE_REQUIRE_GPU=1 forbids skipping it"
+        return SKIPPED, message
+
+    def _feedback(self, sub: _Submission) -> None:
+        """Run the assembled notebook for the student to read (never for a verdict); write it to executed_dir."""
+        from .notebook import run_notebook
+
+        nb = assemble.feedback_notebook(sub.master, sub.regions)
+        env = dict(os.environ)
+        paths = [str(Path(import_checks_module(s).__file__).parent) for s in self.options.checks_modules
+                 if s.endswith(".py") or os.sep in s]
+        env["PYTHONPATH"] = os.pathsep.join(paths + [p for p in [env.get("PYTHONPATH", "")] if p])
+        gpu = self.gpus.get() if self.n_gpus else ""
+        env["CUDA_VISIBLE_DEVICES"] = gpu
+        kernel = nb.metadata.get("kernelspec", {}).get("name") or "python3"
+        try:
+            run = run_notebook(nb, kernel_name=kernel, cell_timeout=self.options.cell_timeout,
+                               timeout=self.options.timeout, max_cell_output=self.options.max_cell_output,
+                               env=env, sandbox=True)
+            if run.stopped:
+                sub.grade.notes.append(_clean(f"feedback run: {run.stopped}", 300))
+        except Exception as e:  # the kernel would not start: the feedback is missing, the grades stand
+            sub.grade.notes.append(_clean(f"feedback run failed: {type(e).__name__}: {e}", 300))
+        finally:
+            if self.n_gpus:
+                self.gpus.put(gpu)
+            changed = self._restore()
+        if changed:
+            sub.grade.notes.append(f"files changed by the feedback run were put back: {'; '.join(changed)[:1000]}")
+        out = Path(self.options.executed_dir) / sub.label.lstrip(os.sep).replace(os.sep, "__")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(release.dumps(nb), encoding="utf-8")
+
+
+# ---------------------------------------------------------------------------------------------- one call
+
+
+def find_master(submission: Path, master_dir: Path) -> Path:
+    """The master notebook a submission answers: same file name, else the one master whose stem is in its name."""
+    exact = master_dir / submission.name
+    if exact.is_file():
+        return exact
+    masters = sorted(master_dir.glob("*.ipynb"))
+    if not masters:
+        raise GradeError(f"no master notebooks in {master_dir}/ (use --master-dir)")
+    hits = [m for m in masters if m.stem in submission.stem]
+    longest = max((len(m.stem) for m in hits), default=0)
+    hits = [m for m in hits if len(m.stem) == longest]
+    if len(hits) == 1:
+        return hits[0]
+    names = ", ".join(m.name for m in (hits or masters))
+    raise GradeError(f"{submission}: cannot tell which master it answers; name it like one of: {names}")
+
+
+def grade_notebook(submission: str | os.PathLike, master: str | os.PathLike | None = None, *,
+                   master_dir: str | os.PathLike = "notebooks", **options) -> Grade:
+    """Grade one submission against its master (given, or found in master_dir). `options`: see Options."""
+    submission = Path(submission)
+    master = Path(master) if master else find_master(submission, Path(master_dir))
+    with Grader(Options(**options)) as grader:
+        return grader.grade(submission, master)
+
+
+def _label(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def _submissions(paths: list[Path]) -> list[Path]:
+    found = []
+    for p in paths:
+        if p.is_dir():
+            found += sorted(q for q in p.rglob("*.ipynb") if ".ipynb_checkpoints" not in q.parts)
+        elif p.is_file():
+            found.append(p)
+        else:
+            raise GradeError(f"{p}: no such file or folder")
+    if not found:
+        raise GradeError(f"no notebooks in {', '.join(map(str, paths))}")
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m course_utils.grade",
+        description="Score each exercise of each submission: the master's code with the submission's solutions, "
+        "probed in throwaway processes, judged in the grader.",
+    )
+    parser.add_argument("submissions", nargs="+", type=Path, help="submitted notebooks, or folders of them")
+    parser.add_argument("--master-dir", type=Path, default=Path("notebooks"), help="the masters (default notebooks/)")
+    parser.add_argument("--master", type=Path, help="grade every submission against this master notebook")
+    parser.add_argument("--timeout", type=float, default=600, help="seconds per submission (default 600)")
+    parser.add_argument("--cell-timeout", type=float, default=120,
+                        help="seconds per exercise probe and per feedback cell (default 120)")
+    parser.add_argument("--max-output", type=int, default=1_000_000,
+                        help="characters of output kept per cell in the feedback notebooks")
+    parser.add_argument("-j", "--jobs", type=int, default=1,
+                        help="probes run at once (default 1); GPU exercises: still one per GPU")
+    parser.add_argument("--gpus", help="comma-separated GPU ids to use (default: all visible)")
+    parser.add_argument("--checks-module", action="append", default=None, metavar="MODULE_OR_FILE",
+                        help="also import this module (dotted name or .py file) that registers exercises; "
+                        f"repeatable (default: ${CHECKS_MODULES_ENV}, {os.pathsep!r}-separated)")
+    parser.add_argument("--csv", type=Path, help="write scores: a row per submission, a column per exercise")
+    parser.add_argument("--junit", type=Path, help="write JUnit XML for CI systems")
+    parser.add_argument("--executed-dir", type=Path,
+                        help="also run each notebook (sandboxed) and keep it here as feedback; verdicts ignore it")
+    args = parser.parse_args(argv)
+    modules = args.checks_module
+    if modules is None:
+        modules = [s for s in os.environ.get(CHECKS_MODULES_ENV, "").split(os.pathsep) if s]
+    try:
+        subs = _submissions(args.submissions)
+        masters = [args.master or find_master(s, args.master_dir) for s in subs]
+    except GradeError as e:
+        print(f"grade: error: {e}", file=sys.stderr)
+        return 2
+    options = Options(timeout=args.timeout, cell_timeout=args.cell_timeout, max_cell_output=args.max_output,
+                      executed_dir=args.executed_dir, jobs=args.jobs, checks_modules=tuple(modules),
+                      gpus=tuple(g for g in args.gpus.split(",") if g) if args.gpus is not None else None)
+    grades: list[Grade] = []
+    errors: list[str] = []
+    with Grader(options) as grader:
+        for result in grader.grade_all(list(zip(subs, masters, strict=True))):
+            if isinstance(result, str):
+                errors.append(result)
+                print(f"grade: error: {result}", file=sys.stderr)
+            else:
+                grades.append(result)
+                print(format_table(result), flush=True)
+    if len(grades) > 1:
+        total = sum(g.total for g in grades)
+        print(f"{len(grades)} submissions graded; mean score {round(total / len(grades), 2):g}")
+    if args.csv:
+        write_csv(grades, args.csv)
+    if args.junit:
+        write_junit(grades, args.junit)
+    return 1 if errors else 0

@@ -1,0 +1,306 @@
+"""Submissions that attack the grader earn nothing; honest ones keep their points.
+
+Targets are derived, not named: every exercise with a registered check in every master of notebooks/ and in
+the fixture lesson gets each attack of tests/fixtures/grading/attacks.py as its solution region (in a
+function body the attack runs when the probe calls it; at module level when the cell runs). The grader runs
+as the instructor would run it (`python -m course_utils.grade`), on copies: the package (first on PYTHONPATH),
+the masters, the fixture's checks module and a home folder live in a temporary folder, so an attack that
+got through would change only copies, and the tests see it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from course_utils import checks, release
+from course_utils.grading import assemble
+from course_utils.grading.probe_server import import_checks_module
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURE_DIR = ROOT / "tests" / "fixtures" / "grading"
+sys.path.insert(0, str(FIXTURE_DIR))
+import attacks  # noqa: E402  (tests/fixtures/grading/attacks.py)
+
+sys.path.remove(str(FIXTURE_DIR))
+pytestmark = pytest.mark.slow
+
+MASTERS = sorted(ROOT.glob("notebooks/*.ipynb")) + [FIXTURE_DIR / "99_fixture.ipynb"]
+import_checks_module(str(FIXTURE_DIR / "fixture_checks.py"))
+
+
+def registered(master: assemble.Master) -> dict[str, str]:
+    """{grade_id: entry} of the master's exercises that have a registered check."""
+    out = {}
+    for ex in master.exercises:
+        try:
+            out[ex.grade_id] = checks.exercise(ex.grade_id).entry
+        except KeyError:
+            pass
+    return out
+
+
+def indents(master: assemble.Master) -> dict[str, list[bool]]:
+    """For each exercise, for each of its solution blocks: does the block sit in a function body?"""
+    out = {}
+    for ex in master.exercises:
+        flags = []
+        for i in ex.solutions:
+            lines = master.source(i).split("\n")
+            flags += [lines[b] != lines[b].lstrip() for b, _ in release._blocks(master.source(i), "master")]
+        out[ex.grade_id] = flags
+    return out
+
+
+PARSED = {m.stem: assemble.read_master(m) for m in MASTERS}
+TARGETS = {stem: registered(m) for stem, m in PARSED.items()}
+ATTACKED = [stem for stem, t in TARGETS.items() if t]
+PARAMS = [pytest.param(stem, marks=[] if TARGETS[stem] else pytest.mark.skip(
+    reason=f"{stem}: no exercise with a registered check yet (its lesson still uses old-style check cells)"))
+    for stem, m in PARSED.items() if m.exercises]
+
+
+class Lab:
+    """A copy of what grading reads (package, masters, checks module, home), and a grader command on it."""
+
+    def __init__(self, base: Path):
+        self.base = base
+        self.pkg = base / "pkg"
+        shutil.copytree(ROOT / "course_utils", self.pkg / "course_utils",
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        self.masters = base / "masters"
+        self.masters.mkdir()
+        for m in MASTERS:
+            shutil.copy(m, self.masters / m.name)
+        self.checks_module = base / "checks" / "fixture_checks.py"
+        self.checks_module.parent.mkdir()
+        shutil.copy(FIXTURE_DIR / "fixture_checks.py", self.checks_module)
+        self.home = base / "home"
+        self.home.mkdir()
+        self.startup = self.home / ".ipython" / "profile_default" / "startup"
+        self.snapshot = self.files()
+
+    def files(self) -> dict[str, bytes]:
+        out = {}
+        for root in (self.pkg, self.masters, self.checks_module.parent, self.home):
+            for p in sorted(root.rglob("*")):
+                if p.is_file() and "__pycache__" not in p.parts:
+                    out[str(p.relative_to(self.base))] = p.read_bytes()
+        return out
+
+    def targets(self) -> dict:
+        return {"masters": [str(self.masters / m.name) for m in MASTERS], "home": str(self.home),
+                "check_modules": ["fixture_checks"]}
+
+    def write(self, folder: str, stem: str, nb) -> None:
+        path = self.base / folder / PARSED[stem].name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(release.dumps(nb))
+
+    def attack(self, folder: str, stem: str, body: str) -> None:
+        m = PARSED[stem]
+        answers = attacks.attack_answers(m, indents(m), TARGETS[stem], body, self.targets())
+        self.write(folder, stem, release.substitute(m.nb, answers, stem))
+
+    def grade(self, folder: str, *args: str, env: dict | None = None, timeout: float = 900):
+        """Run the grader on base/folder; returns ({(submission folder, stem): {grade_id: (status, msg)}}, out)."""
+        environment = {**os.environ, "PYTHONPATH": str(self.pkg), "HOME": str(self.home),
+                       "MPLCONFIGDIR": str(self.base / "mpl"), **(env or {})}
+        environment.pop("COURSE_CHECKS_MODULES", None)
+        xml = self.base / f"{folder}.xml"
+        cmd = [sys.executable, "-m", "course_utils.grade", folder, "--master-dir", str(self.masters),
+               "--checks-module", str(self.checks_module), "--junit", str(xml), *args]
+        proc = subprocess.run(cmd, cwd=self.base, env=environment, capture_output=True, text=True, timeout=timeout)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        out = {}
+        for suite in ET.parse(xml).getroot().findall("testsuite"):
+            path = Path(suite.get("name"))
+            cases = {}
+            for case in suite.findall("testcase"):
+                failure, skipped = case.find("failure"), case.find("skipped")
+                status = failure.get("type") if failure is not None else "skipped" if skipped is not None else "passed"
+                cases[case.get("name")] = (status, (failure.get("message") if failure is not None else ""))
+            out[path.parent.name, path.stem] = cases
+        return out, proc.stdout + proc.stderr
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    return Lab(tmp_path_factory.mktemp("attack_lab"))
+
+
+def honest_statuses() -> set[str]:
+    return {"passed"} if checks.require_gpu_mode() else {"passed", "skipped"}
+
+
+def assert_zero(results, folder: str, stem: str) -> None:
+    got = results[folder, stem]
+    scored = {gid: s for gid, s in got.items() if s[0] == "passed"}
+    assert not scored, f"{folder} earned points on {stem}: {scored}"
+
+
+# ---------------------------------------------------------------------------------------------- in-run attacks
+
+
+@pytest.fixture(scope="module")
+def attacked(lab):
+    """Every attack against every registered exercise of every master, and the masters themselves, one run."""
+    for stem in ATTACKED:
+        for name, body in attacks.ATTACKS.items():
+            lab.attack(f"attack/{name}", stem, body)
+        lab.write("attack/honest", stem, PARSED[stem].nb)
+    return lab.grade("attack", "-j", "2")
+
+
+@pytest.mark.parametrize("stem", PARAMS)
+@pytest.mark.parametrize("name", list(attacks.ATTACKS))
+def test_attack_earns_nothing(attacked, stem, name):
+    results, out = attacked
+    assert_zero(results, name, stem)
+    for gid in TARGETS[stem]:
+        assert gid in results[name, stem], out[-2000:]
+
+
+@pytest.mark.parametrize("stem", PARAMS)
+def test_honest_masters_keep_full_marks(attacked, stem):
+    results, out = attacked
+    got = results["honest", stem]
+    for gid in TARGETS[stem]:
+        assert got[gid][0] in honest_statuses(), (gid, got[gid], out[-3000:])
+    for gid, (status, message) in got.items():
+        if gid not in TARGETS[stem]:  # an exercise whose lesson has not moved to registered checks yet
+            assert status == "failed" and "no check registered" in message
+
+
+def test_attacks_leave_every_file_as_it_was(attacked, lab):
+    assert lab.files() == lab.snapshot
+
+
+# ---------------------------------------------------------------------------------------------- later submissions
+
+
+@pytest.fixture(scope="module")
+def tampered(lab):
+    """One run, one job: attacks on the masters, the package and the IPython profile, then `pass` answers."""
+    for name, body in attacks.TAMPER.items():
+        lab.attack(f"tamper/a_{name}", "99_fixture", body)
+    for stem in ATTACKED:
+        m = PARSED[stem]
+        lab.write("tamper/z_pass", stem, release.substitute(m.nb, {gid: "pass" for gid in TARGETS[stem]}, stem))
+    first = lab.grade("tamper", "-j", "1")
+    files_after_first = lab.files()
+    for stem in ATTACKED:
+        m = PARSED[stem]
+        lab.write("later/z_pass", stem, release.substitute(m.nb, {gid: "pass" for gid in TARGETS[stem]}, stem))
+        lab.write("later/honest", stem, m.nb)
+    later = lab.grade("later", "-j", "2")  # a fresh grader run: it reads the masters and imports the checks again
+    return first, files_after_first, later
+
+
+def test_tampering_attacks_earn_nothing(tampered):
+    (results, out), _, _ = tampered
+    for name in attacks.TAMPER:
+        assert_zero(results, f"a_{name}", "99_fixture")
+
+
+@pytest.mark.parametrize("stem", PARAMS)
+def test_a_pass_graded_after_tampering_earns_nothing(tampered, stem):
+    (results, _), _, (later, out) = tampered
+    assert_zero(results, "z_pass", stem)
+    assert_zero(later, "z_pass", stem)
+    for gid in TARGETS[stem]:
+        assert later["honest", stem][gid][0] in honest_statuses(), out[-3000:]
+
+
+def test_tampering_changed_no_file(tampered, lab):
+    _, files, _ = tampered
+    assert files == lab.snapshot
+    assert not lab.startup.exists() or not any(lab.startup.iterdir())
+
+
+def test_without_landlock_the_grader_puts_files_back(tmp_path_factory):
+    """COURSE_GRADING_NO_LANDLOCK=1 (kernels without Landlock): the writes happen, and the grader undoes them."""
+    lab = Lab(tmp_path_factory.mktemp("no_landlock"))
+    for name, body in attacks.TAMPER.items():
+        lab.attack(f"nl/a_{name}", "99_fixture", body)
+    m = PARSED["99_fixture"]
+    lab.write("nl/z_pass", "99_fixture", release.substitute(m.nb, {g: "pass" for g in TARGETS["99_fixture"]}, "f"))
+    results, out = lab.grade("nl", "-j", "1", env={"COURSE_GRADING_NO_LANDLOCK": "1"})
+    for folder in ["z_pass"] + [f"a_{n}" for n in attacks.TAMPER]:
+        assert_zero(results, folder, "99_fixture")
+    assert "were put back" in out  # each tampering was seen and undone
+    assert lab.files() == lab.snapshot
+
+
+# ---------------------------------------------------------------------------------------------- limits
+
+
+def _leftovers(base: Path) -> list[int]:
+    """Processes still running in one of the grader's throwaway folders."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                cwd = os.readlink(proc / "cwd")
+            except OSError:
+                continue
+            if "course-probe-" in cwd or "course-notebook-" in cwd:
+                found.append(int(proc.name))
+    return found
+
+
+def test_loops_and_floods_are_cut_off(lab):
+    for stem in ATTACKED:
+        for name, body in attacks.LIMITS.items():
+            lab.attack(f"limits/{name}", stem, body)
+    before = set(_leftovers(lab.base))
+    t0 = time.monotonic()
+    results, out = lab.grade("limits", "-j", "2", "--cell-timeout", "4")
+    seconds = time.monotonic() - t0
+    for stem in ATTACKED:
+        for name in attacks.LIMITS:
+            assert_zero(results, name, stem)
+        for gid in TARGETS[stem]:
+            status, message = results["infinite_loop", stem][gid]
+            if status == "failed":
+                assert "time limit of 4 s" in message, message
+    n_probes = sum(len(TARGETS[s]) for s in ATTACKED)
+    assert seconds < 30 + 4 * n_probes, out[-2000:]
+    time.sleep(0.5)
+    assert set(_leftovers(lab.base)) - before == set()
+
+
+# ---------------------------------------------------------------------------------------------- the kernel is fooled
+
+
+FOOLS_A_KERNEL = ["shadow_check", "input_transformer", "forge_kernel_replies", "replace_check_functions"]
+
+
+def test_attacks_that_fool_a_kernel_still_earn_nothing(lab):
+    """In the feedback notebook (a kernel running the check cells) these attacks look like passes (no error, no
+    skip line, sometimes the pass line): a grader that trusted the kernel would give points. This one gives none.
+    Shown on the fixture's exercise whose region is at module level (so the attack runs before its check cell)."""
+    m = PARSED["99_fixture"]
+    ex = next(e for e in m.exercises if e.grade_id in TARGETS["99_fixture"] and not any(indents(m)[e.grade_id]))
+    for name in FOOLS_A_KERNEL:
+        lab.attack(f"fool/{name}", "99_fixture", attacks.ATTACKS[name])
+    executed = lab.base / "executed"
+    results, out = lab.grade("fool", "-j", "2", "--executed-dir", str(executed))
+    for name in FOOLS_A_KERNEL:
+        assert_zero(results, name, "99_fixture")
+        (path,) = executed.glob(f"fool__{name}__*.ipynb")
+        check_cell = nbformat.read(path, as_version=4).cells[ex.check_index]
+        kinds = [o.get("output_type") for o in check_cell.outputs]
+        text = "".join(o.get("text", "") for o in check_cell.outputs)
+        assert "error" not in kinds and "skipped" not in text, (name, check_cell.outputs)
+        if name == "shadow_check":
+            assert f"passed: {ex.grade_id}" in text
+    assert lab.files() == lab.snapshot
