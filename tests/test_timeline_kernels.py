@@ -212,8 +212,9 @@ def test_a_real_cpu_trace_with_gloo(tmp_path):
     _gloo_profile(path)
     spans = from_profiler(str(path))
     kinds = {(s.name, s.stream): s.kind for s in spans}
-    assert kinds[("aten::matmul", "host")] == "host" and not by(spans, "aten::mm")  # top-level ops only
-    assert kinds[("aten::broadcast_tensors", "host")] == "host"  # not communication
+    # no GPU here: the CPU ops are the computation (top-level ones only)
+    assert kinds[("aten::matmul", "host")] == "compute" and not by(spans, "aten::mm")
+    assert kinds[("aten::broadcast_tensors", "host")] == "compute"  # not communication
     assert kinds[("c10d::allreduce_", "host")] == "comm"  # the call on the main thread
     assert kinds[("gloo:all_reduce", "comm")] == "comm"  # gloo's work on its own thread: the comm row
     assert [(s.kind, s.stream) for s in by(spans, "my step")] == [(RANGE, "host")]
@@ -258,7 +259,7 @@ def test_kernels_mode_on_a_cpu_records_ops_ranges_and_gloo_on_the_host_clock():
     step, = by(spans, "step")
     sleep, = by(spans, "sleep 5 ms")
     assert (step.kind, step.stream, sleep.kind) == (RANGE, "host", "host")
-    assert by(spans, "aten::broadcast_tensors", "host") and by(spans, "gloo:all_reduce", "comm")
+    assert by(spans, "aten::broadcast_tensors", "compute") and by(spans, "gloo:all_reduce", "comm")
     # every time is on the timeline's host clock: inside the capture, in the order the code ran
     lo, hi = (before - tl.origin_ns) / 1e6, (after - tl.origin_ns) / 1e6
     assert all(lo <= s.start_ms <= s.end_ms <= hi for s in spans)

@@ -28,8 +28,8 @@ RANGE_COLOR = "#fff3b0"  # pale yellow band: a named range, drawn over work, nev
 LABELS = {"compute": "compute", "h2d": "memcpy H2D", "d2h": "memcpy D2H", "d2d": "memcpy D2D/P2P",
           "comm": "communication", "host": "host/CPU", "wait": "wait/idle"}
 MODE_NOTES = {
-    "kernels": "kernels mode: bars are kernels and copies as the profiler (CUPTI) saw them run; "
-               "yellow bands are named ranges, not work",
+    "kernels": "kernels mode: bars are what the profiler saw run (kernels and copies on a GPU, through CUPTI; "
+               "CPU ops without one); yellow bands are named ranges, not work",
     "events": "events mode: GPU bars are stream progress between CUDA events (a bar may include time the "
               "stream waited for the GPU), not kernel execution",
 }
@@ -48,8 +48,8 @@ def _short(label: str, n: int = ROW_LABEL_MAX) -> str:
 def display_name(name: str) -> str:
     """A kernel's name without return type, namespaces, template and call arguments (as HTA shortens them):
     "void at::native::vectorized_elementwise_kernel<4, ...>(int, ...)" -> "vectorized_elementwise_kernel"."""
-    if not ("::" in name or "<" in name or name.startswith("void ")):
-        return name  # not a C++ signature: a user's name such as "sleep (20 ms)" stays as it is
+    if not ("<" in name or name.startswith("void ") or ("::" in name and "(" in name)):
+        return name  # not a C++ signature: "sleep (20 ms)" or "aten::matmul" stays as it is
     short, depth = [], 0
     for ch in name.removeprefix("void "):
         if ch == "<":

@@ -15,10 +15,11 @@ What a torch.profiler trace becomes (`spans_from_trace`):
   which kineto's own "gpu_user_annotation" events miss; those are used only for traces without launch
   events. Ranges are drawn over work and never counted as busy time.
 - with host_ops, each thread's top-level CPU ops become spans on "host" (the recording thread) or
-  "host thread <tid>". Communication ops ("gloo:...", "nccl:...", "c10d::...", "record_param_comms")
-  are kind comm when the trace has no GPU work (gloo on a CPU: "gloo:*" ranges on gloo's worker threads
-  go to row "comm"); with GPU work they are host-side launches and the NCCL kernels are the communication.
-  `aten::broadcast_tensors` is not communication.
+  "host thread <tid>": kind host when the trace has GPU work (the host launching it), kind compute when
+  it has none (on a CPU the ops are the computation). Communication ops ("gloo:...", "nccl:...",
+  "c10d::...", "record_param_comms") are kind comm when the trace has no GPU work (gloo on a CPU: the
+  "gloo:*" ranges on gloo's worker threads go to row "comm"); with GPU work they are host-side launches
+  and the NCCL kernels are the communication. `aten::broadcast_tensors` is not communication.
 Other events (runtime calls, "cuda_sync" records, python frames, flows, the profiler's own spans) are left out.
 """
 
@@ -109,9 +110,9 @@ def from_profiler(trace: Any, rank: int | None = None, host_ops: bool = True) ->
     GPU work (kernels, memcpys, memsets) goes to rows "stream N" (the profiler's stream id; "comm" for
     streams that run NCCL kernels, prefixed "cuda:D" for devices other than the busiest), named ranges
     (record_function) become `range` spans over the work they launched, and with host_ops the top-level
-    CPU ops of each thread become host spans (communication ops become comm spans when the trace has no
-    GPU work: gloo on a CPU). Times are ms from the trace's base time (its `ts` / 1000); rank comes from
-    the trace's distributedInfo when not given. The rules are in this module's docstring.
+    CPU ops of each thread become spans (host launches next to GPU work; compute and comm without it).
+    Times are ms from the trace's base time (its `ts` / 1000); rank comes from the trace's
+    distributedInfo when not given. The rules are in this module's docstring.
     """
     data = load_trace(trace)
     if rank is None:
@@ -340,6 +341,6 @@ def _host_op_spans(cpu_events, rank, has_gpu_work, host_row, t0, t1, kept) -> li
             if not kept(e):
                 continue
             comm = bool(COMM_OP.match(str(e.get("name", ""))))
-            kind = "comm" if comm and not has_gpu_work else "host"
+            kind = "host" if has_gpu_work else ("comm" if comm else "compute")
             out.append(Span(str(e.get("name", "")), kind, rank, host_row(tid, comm and not has_gpu_work), a, b))
     return out
