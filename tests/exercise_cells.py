@@ -1,5 +1,8 @@
 """Run one exercise of a lesson notebook in a fresh kernel: its setup cells, its solution (or a wrong
-answer in place of the solution block) and its check cell. Shared by the lesson tests."""
+answer in place of the solution block) and its check cell. Shared by the lesson tests.
+
+`grade_answers` grades answers the way the grader does (probe in a throwaway process, verdict from plain data
+in this process), for lesson tests that want the grader's verdict rather than the notebook's."""
 
 from __future__ import annotations
 
@@ -43,3 +46,25 @@ def run_cells(sources: list[str]) -> tuple[str, str | None]:
     outs = nb.cells[-1].get("outputs", [])
     text = "".join(o.get("text", "") for o in outs) + "".join(o.get("evalue", "") for o in outs)
     return text, error
+
+
+def grade_answers(master: str | Path, answers: dict[str, str], grader=None):
+    """Grade `master` with answers[grade_id] in place of its solution block(s) (None: the master's own), through
+    course_utils.grading; returns the Grade. Pass a `grading.Grader` to reuse its probe server across calls."""
+    import tempfile
+
+    import nbformat
+
+    from course_utils import release
+    from course_utils.grading import grade as grading
+
+    master = Path(master)
+    nb = release.substitute(nbformat.read(master, as_version=4),
+                            {k: v for k, v in answers.items() if v is not None}, str(master))
+    with tempfile.TemporaryDirectory(prefix="grade-answers-") as tmp:
+        path = Path(tmp) / master.name
+        path.write_text(release.dumps(nb))
+        if grader is not None:
+            return grader.grade(path, master)
+        with grading.Grader() as own:
+            return own.grade(path, master)

@@ -1,9 +1,11 @@
-"""Real lessons: every exercise has a wrong answer, and each one fails its check.
+"""Real lessons: every exercise has a wrong answer, and the grader fails each one.
 
 tests/wrong_answers/<notebook stem>/<exercise id>.py replaces the exercise's solution block (markers included;
-`### NEXT SOLUTION` lines split it over several blocks). Variants named <exercise id>__<what>.py are the lesson
-tests' business; the one named exactly after the exercise goes into one execution per notebook with every
-exercise answered wrong. Exercises are discovered in notebooks/*.ipynb when the tests run.
+`### NEXT SOLUTION` lines split it over several blocks); variants are named <exercise id>__<what>.py. The main
+wrong answers of a notebook go into one submission; each variant into a submission of its own; the grader
+(course_utils.grading) grades them all in one pass per notebook. On a CPU-only machine a GPU exercise may skip
+(0 points) instead of failing; under COURSE_REQUIRE_GPU=1 it must fail. Exercises are discovered in
+notebooks/*.ipynb when the tests run.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import nbformat
 import pytest
 
 from course_utils import checks, grade, release
+from course_utils.grading import grade as grading
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
@@ -56,23 +59,40 @@ def test_exercise_ids_are_unique_and_start_with_the_lesson_number(tmp_path):
     assert not bad, f"exercise ids start with ex<lesson number>_: {bad}"
 
 
+@pytest.fixture(scope="module")
+def grader():
+    with grading.Grader(grading.Options(jobs=2)) as g:
+        yield g
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("master", PARAMS, **IDS)
-def test_wrong_answers_fail_their_checks(master, tmp_path):
-    exercises = _exercises(master)
-    answers = {ex.grade_id: (WRONG / master.stem / f"{ex.grade_id}.py").read_text() for ex in exercises
-               if (WRONG / master.stem / f"{ex.grade_id}.py").is_file()}
-    if not answers:
+def test_wrong_answers_fail_their_checks(grader, master, tmp_path):
+    nb = nbformat.read(master, as_version=4)
+    files = sorted((WRONG / master.stem).glob("*.py"))
+    main = {f.stem: f.read_text() for f in files if "__" not in f.stem}
+    if not main:
         pytest.fail(f"no wrong answers for {master.name}")
-    nb = release.substitute(nbformat.read(master, as_version=4), answers, str(master))
-    submission = tmp_path / master.name
-    submission.write_text(release.dumps(nb))
-    g = grade.grade_notebook(submission, master)
-    report = grade.format_table(g)
+    subs = {"all_wrong": main} | {f.stem: {f.stem.split("__")[0]: f.read_text()} for f in files if "__" in f.stem}
+    items = []
+    for name, answers in subs.items():
+        path = tmp_path / name / master.name
+        path.parent.mkdir()
+        path.write_text(release.dumps(release.substitute(nb, answers, str(master))))
+        items.append((path, master))
     allowed = {"failed"} if checks.require_gpu_mode() else {"failed", "skipped"}
-    for r in g.exercises:
-        if r.grade_id in answers:
-            assert r.status in allowed, report
-            if r.status == "failed":
-                assert r.message and "did not run" not in r.message, report
-    assert g.total == 0, report
+    problems = []
+    for (path, _), g in zip(items, grader.grade_all(items), strict=True):
+        answers = subs[path.parent.name]
+        for r in g.exercises:
+            if r.grade_id not in answers:
+                continue
+            if "no check registered" in r.message:
+                problems.append(f"{r.grade_id}: no check registered (register an Exercise in its checks module)")
+            elif r.status not in allowed:
+                problems.append(f"{path.parent.name}: {r.grade_id} {r.status}\n{grade.format_table(g)}")
+            elif r.status == "failed" and not r.message:
+                problems.append(f"{path.parent.name}: {r.grade_id} failed without a message")
+        if path.parent.name == "all_wrong" and g.total != 0:
+            problems.append(f"every answer wrong, yet {g.total:g} points\n{grade.format_table(g)}")
+    assert not problems, "\n".join(problems)

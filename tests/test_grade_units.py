@@ -243,3 +243,13 @@ def test_cli_usage_errors_exit_2(tmp_path, capsys):
     sub.write_text("{}")
     assert grade.main([str(sub), "--master-dir", str(MASTER.parent)]) == 2
     assert "cannot tell which master" in capsys.readouterr().err
+
+
+def test_grade_answers_helper_grades_through_the_grader():
+    from tests.exercise_cells import grade_answers
+
+    wrong = (Path(__file__).parent / "fixtures" / "wrong_answers" / "99_fixture" / "ex99_add.py").read_text()
+    with grading.Grader(grading.Options(checks_modules=(str(MASTER.parent / "fixture_checks.py"),))) as g:
+        got = grade_answers(MASTER, {"ex99_add": wrong, "ex99_mean": None}, grader=g).by_id()
+    assert got["ex99_add"].status == "failed" and "saw -1" in got["ex99_add"].message
+    assert got["ex99_mean"].status == "passed"
