@@ -165,7 +165,7 @@ def test_probes_name_streams_and_are_dropped():
     trace = gpu_trace()
     trace["traceEvents"] += [cpu("user_annotation", PROBE + "side 1", 50, 5, 7),
                              launch("cudaLaunchKernel", 51, 20), kernel(SPIN, 55, 1, 20, 20)]
-    spans = spans_from_trace(trace, stream_names={"side 1": "side 1"})
+    spans = spans_from_trace(trace, stream_names=["side 1"])
     rows = {s.stream for s in spans}
     assert "side 1" in rows and "stream 20" not in rows
     assert [s.name for s in spans if s.name == SPIN] == []  # the probe's kernel is not the user's work

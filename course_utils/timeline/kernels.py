@@ -212,7 +212,7 @@ class KernelRecorder:
         mine = [r for r in self.ranges if r.session == ident]
         dev = self._device() if (self.cuda and self._device is not None) else None
         self.spans += spans_from_trace(data, self.rank, self.host_ops, to_ms=to_ms,
-                                       stream_names={lab: lab for lab in self.stream_labels.values()},
+                                       stream_names=self.stream_labels.values(),
                                        device=dev, main_tid=self.tid, own=mine, window=window)
         self.ranges = [r for r in self.ranges if r.session != ident]
         self.clock_uncertainty_ms = max(self.clock_uncertainty_ms, unc)

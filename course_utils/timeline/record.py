@@ -40,6 +40,7 @@ from typing import Any
 import torch
 
 from .spans import MARK, Span, check_kind
+from .stats import TimelineStats
 
 MODES = ("kernels", "events", "host")
 
@@ -443,7 +444,7 @@ class Timeline:
         tl.mode = mode if mode is not None else "host"
         return tl
 
-    def stats(self):
+    def stats(self) -> TimelineStats:
         """Numbers about the recorded work: see `course_utils.timeline.stats.TimelineStats`."""
         from .stats import timeline_stats
 

@@ -31,7 +31,7 @@ import os
 import re
 import tempfile
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -179,17 +179,18 @@ class OwnRange:
 
 
 def spans_from_trace(data: dict[str, Any], rank: int = 0, host_ops: bool = True, *,
-                     to_ms: Callable[[float], float] | None = None, stream_names: dict[str, str] | None = None,
+                     to_ms: Callable[[float], float] | None = None, stream_names: Iterable[str] = (),
                      device: int | None = None, main_tid: int | None = None, own: list[OwnRange] | None = None,
                      window: tuple[float, float] | None = None) -> list[Span]:
     """Spans from a torch.profiler Chrome trace dict (rules in the module docstring).
 
-    to_ms maps a trace `ts` (µs) to output ms (default ts / 1000). stream_names maps a probe's label to
-    itself (labels of streams probed during the capture). device: the main GPU (others get a "cuda:D "
+    to_ms maps a trace `ts` (µs) to output ms (default ts / 1000). stream_names: the labels of the streams
+    probed during the capture (a probe's kernel tells which profiler stream carries that label). device: the main GPU (others get a "cuda:D "
     prefix); default the busiest. own: this timeline's ranges, drawn even where they launched no GPU work.
     window: (start, end) in output ms; only work launched (or CPU ops started) inside it is kept.
     """
     to_ms = to_ms or (lambda ts: ts / 1000.0)
+    stream_names = set(stream_names)
     events = [e for e in data.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e and "ts" in e]
 
     def t0(e: dict[str, Any]) -> float:
@@ -222,13 +223,13 @@ def spans_from_trace(data: dict[str, Any], rank: int = 0, host_ops: bool = True,
     probe_events: set[int] = set()
     for a in annotations:
         name = str(a.get("name", ""))
-        if name.startswith(PROBE) and name[len(PROBE):] in (stream_names or {}):
+        if name.startswith(PROBE) and name[len(PROBE):] in stream_names:
             for k in launched_between(t0(a), t1(a), a.get("tid")):
                 names.setdefault(_row_key(k), name[len(PROBE):])
                 probe_events.add(id(k))
     for a in (e for e in events if _cat(e) == "gpu_user_annotation"):  # traces without launch events
         name = str(a.get("name", ""))
-        if not launches and name.startswith(PROBE) and name[len(PROBE):] in (stream_names or {}):
+        if not launches and name.startswith(PROBE) and name[len(PROBE):] in stream_names:
             key = (int(a.get("pid", 0)), int(a.get("tid", 0)))
             names.setdefault(key, name[len(PROBE):])
             probe_events |= {id(k) for k in gpu if _row_key(k) == key and t0(a) <= t0(k) and t1(k) <= t1(a)}
