@@ -185,9 +185,10 @@ def spans_from_trace(data: dict[str, Any], rank: int = 0, host_ops: bool = True,
     """Spans from a torch.profiler Chrome trace dict (rules in the module docstring).
 
     to_ms maps a trace `ts` (µs) to output ms (default ts / 1000). stream_names: the labels of the streams
-    probed during the capture (a probe's kernel tells which profiler stream carries that label). device: the main GPU (others get a "cuda:D "
-    prefix); default the busiest. own: this timeline's ranges, drawn even where they launched no GPU work.
-    window: (start, end) in output ms; only work launched (or CPU ops started) inside it is kept.
+    probed during the capture (a probe's kernel tells which profiler stream carries that label).
+    device: the main GPU (others get a "cuda:D " prefix); default the busiest. own: a timeline's own
+    ranges, drawn even where they launched no GPU work. window: (start, end) in output ms; only work
+    launched (or CPU ops started) inside it is kept.
     """
     to_ms = to_ms or (lambda ts: ts / 1000.0)
     stream_names = set(stream_names)
