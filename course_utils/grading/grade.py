@@ -18,7 +18,7 @@ How (see the README's instructor section for why):
 Outcomes: passed; failed (the check's message, the error, or the time limit); skipped (needs a GPU that
 this machine lacks; a failure under COURSE_REQUIRE_GPU=1); not attempted (the region is still the stub, or
 the solution raised NotImplementedError). On a machine with G GPUs at most one probe of a GPU exercise
-runs per GPU at a time; -j N runs N probes (of any submissions) at once.
+runs per GPU at a time; -j N runs N probes (of any submissions) at once, and up to N feedback runs beside them.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ import nbformat
 
 from . import assemble, release
 from .probe import ProbeServer, run_probe
-from .probe_server import CHECKS_MODULES_ENV, import_checks_module, load_checks
+from .probe_server import CHECKS_MODULES_ENV, load_checks
 from .report import (
     FAILED,
     NOT_ATTEMPTED,
@@ -77,9 +77,24 @@ def visible_gpus() -> tuple[str, ...]:
     env = os.environ.get("CUDA_VISIBLE_DEVICES")
     if env is not None:
         return tuple(t.strip() for t in env.split(",") if t.strip() and not t.strip().startswith("-"))
+    if sys.platform.startswith("linux") and not Path("/dev/nvidiactl").exists():
+        return ()  # no NVIDIA driver: no need to import torch to know
     import torch
 
     return tuple(str(i) for i in range(torch.cuda.device_count()))  # NVML first: no CUDA context here
+
+
+def _module_file(spec: str) -> Path | None:
+    """The file of a checks module (a .py path, or a dotted name found without importing the module itself)."""
+    if spec.endswith(".py") or os.sep in spec:
+        return Path(spec).resolve()
+    try:
+        import importlib.util
+
+        found = importlib.util.find_spec(spec)
+    except (ImportError, ValueError):
+        return None
+    return Path(found.origin) if found and found.origin else None
 
 
 def _clean(text: str, limit: int = 4000) -> str:
@@ -115,15 +130,11 @@ class Grader:
 
     def __init__(self, options: Options | None = None, **kw):
         self.options = options or Options(**kw)
-        modules = tuple(self.options.checks_modules)
         self.landlock = os.environ.get(NO_LANDLOCK_ENV) != "1"
-        self.server = ProbeServer(modules)  # starts loading torch and the checks in its own process now
+        # The probe server loads torch and the checks in its own process while this one reads notebooks and
+        # starts feedback kernels; it is waited for at the first probe.
+        self.server = ProbeServer(tuple(self.options.checks_modules))
         try:
-            self.check_errors = load_checks(modules)  # the same modules here, before any student code runs
-            for name in _JUDGE_MODULES:
-                __import__(name)
-            for err in self.check_errors:
-                print(f"grade: warning: a checks module failed to import: {err}", file=sys.stderr)
             gpus = self.options.gpus if self.options.gpus is not None else visible_gpus()
             self.gpus: queue.Queue[str] = queue.Queue()
             for gpu in gpus:
@@ -132,14 +143,22 @@ class Grader:
             self.masters: dict[Path, assemble.Master] = {}
             self._guard: FileGuard | None = None
             self._guard_lock = threading.Lock()
-            info = self.server.wait_ready()
-            for err in info.get("errors", []):
-                print(f"grade: warning: the probe server could not import a checks module: {err}", file=sys.stderr)
-            if info.get("cuda_initialized"):
-                print("grade: warning: CUDA was initialised in the probe server; GPU probes may fail", file=sys.stderr)
+            self._checks_lock = threading.Lock()
+            self._checks_loaded = False
         except BaseException:
             self.server.close()
             raise
+
+    def _load_checks(self) -> None:
+        """Import the checks here (once, before the first verdict): the judges run in this process."""
+        with self._checks_lock:
+            if self._checks_loaded:
+                return
+            for err in load_checks(self.options.checks_modules):
+                print(f"grade: warning: a checks module failed to import: {err}", file=sys.stderr)
+            for name in _JUDGE_MODULES:
+                __import__(name)
+            self._checks_loaded = True
 
     def close(self) -> None:
         self.server.close()
@@ -172,10 +191,7 @@ class Grader:
         roots = [Path(course_utils.__file__).parent]
         for folder in sorted({m.parent for m in self.masters}):  # every master beside the ones graded
             roots += sorted(folder.glob("*.ipynb"))
-        for spec in self.options.checks_modules:
-            module = import_checks_module(spec)
-            if getattr(module, "__file__", None):
-                roots.append(Path(module.__file__))
+        roots += [p for p in map(_module_file, self.options.checks_modules) if p is not None]
         home = Path(os.environ.get("HOME", str(Path.home())))
         roots.append(home / ".ipython" / "profile_default" / "startup")
         with self._guard_lock:
@@ -203,16 +219,20 @@ class Grader:
             except GradeError as e:
                 subs.append(str(e))
         self._protect()
-        with ThreadPoolExecutor(max(1, self.options.jobs), thread_name_prefix="grade") as pool:
+        jobs = max(1, self.options.jobs)
+        # Feedback runs have a pool of their own: they overlap the probes (a GPU slot still keeps one job per GPU).
+        with ThreadPoolExecutor(jobs, thread_name_prefix="grade") as pool, \
+                ThreadPoolExecutor(jobs, thread_name_prefix="feedback") as feedback:
             plans = []
             for sub in subs:
                 if isinstance(sub, str):
                     plans.append((sub, []))
                     continue
-                futures = [pool.submit(self._exercise, sub, ex) for ex in sub.master.exercises
-                           if sub.grade.stopped == ""]
+                futures = []
                 if self.options.executed_dir and not sub.grade.stopped:
-                    futures.append(pool.submit(self._feedback, sub))
+                    futures.append(feedback.submit(self._feedback, sub))
+                futures += [pool.submit(self._exercise, sub, ex) for ex in sub.master.exercises
+                            if sub.grade.stopped == ""]
                 plans.append((sub, futures))
             for sub, futures in plans:
                 if isinstance(sub, str):
@@ -255,6 +275,7 @@ class Grader:
     def _verdict(self, sub: _Submission, ex: assemble.MasterExercise) -> tuple[str, str]:
         from course_utils import checks
 
+        self._load_checks()
         if not assemble.attempted(ex, sub.regions):
             missing = all(sub.regions.get(i) is None for i in ex.solutions)
             return NOT_ATTEMPTED, ("the submission has no solution cell for it" if missing
@@ -273,6 +294,7 @@ class Grader:
             inputs = checks.plain({**check.inputs(), "gpu": gpu_needed})
         except Exception as e:
             return FAILED, f"the check's inputs() failed ({type(e).__name__}: {e})"
+        self.server.wait_ready()  # (the first probe waits for the server to load; that is not the student's time)
         left = sub.time_left(self.options.timeout)
         limit = min(check.timeout_s, self.options.cell_timeout, left)
         if limit <= 0:
@@ -317,8 +339,7 @@ class Grader:
 
         nb = assemble.feedback_notebook(sub.master, sub.regions)
         env = dict(os.environ)
-        paths = [str(Path(import_checks_module(s).__file__).parent) for s in self.options.checks_modules
-                 if s.endswith(".py") or os.sep in s]
+        paths = [str(Path(s).resolve().parent) for s in self.options.checks_modules if s.endswith(".py") or os.sep in s]
         env["PYTHONPATH"] = os.pathsep.join(paths + [p for p in [env.get("PYTHONPATH", "")] if p])
         gpu = self.gpus.get() if self.n_gpus else ""
         env["CUDA_VISIBLE_DEVICES"] = gpu

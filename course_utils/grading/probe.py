@@ -108,6 +108,12 @@ class ProbeServer:
                 msg = pickle.loads(body)  # from our own server process, which runs no student code
                 if msg[0] == "ready":
                     self.info, self._ready = msg[1], True
+                    for err in self.info.get("errors", []):
+                        print(f"grade: warning: the probe server could not import a checks module: {err}",
+                              file=sys.stderr)
+                    if self.info.get("cuda_initialized"):
+                        print("grade: warning: CUDA was initialised in the probe server; GPU probes may fail",
+                              file=sys.stderr)
                 elif msg[0] in ("started", "failed"):
                     self._started[msg[1]] = (msg[0], msg[2])
                 elif msg[0] == "exited":
@@ -216,7 +222,6 @@ def run_probe(server: ProbeServer, program: list[tuple[str, str]], grade_id: str
 
     box = sandbox.Sandbox(prefix="course-probe-")
     read_fd, write_fd = os.pipe()
-    t0 = time.monotonic()
     pid = None
     try:
         request = {"grade_id": grade_id, "program": program, "inputs": inputs, "sandbox": str(box.root),
@@ -226,6 +231,7 @@ def run_probe(server: ProbeServer, program: list[tuple[str, str]], grade_id: str
             pid = server.fork(request, write_fd)
         finally:
             os.close(write_fd)
+        t0 = time.monotonic()  # after the fork: a server still loading is not the probe's time
         raw, why = _read_result(read_fd, t0 + timeout)
         seconds = time.monotonic() - t0
         if not server.exited(pid):
