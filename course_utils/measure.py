@@ -107,14 +107,36 @@ class _Counter:
         self.result.calls.append(name)
         self.result.where.append(_user_line())
         self.result.count += 1
-        before = len(self.caught) if self.caught is not None else 0
+        before = self._seen()
         self.depth += 1
         try:
             return run()
         finally:
             self.depth -= 1
-            if self.caught is not None:
-                self.absorbed.update(id(w) for w in self.caught[before:])
+            self._absorb(before)
+
+    def passed_through(self, run: Callable[[], Any]) -> Any:
+        """Run a Python-level call that is not itself a read (torch.nonzero, t[mask], torch.unique, ...).
+
+        A read op that the dispatch mode counts inside it is one sync. C++ hands the sync debug mode's
+        warning to Python only when the outermost C++ call returns (PyWarningHandler), that is after the
+        counted op has finished: the reports that arrive before this call returns are that op's, not new
+        syncs. A call in which nothing was counted keeps its reports: they are counted in `_settle`.
+        """
+        count, before = self.result.count, self._seen()
+        try:
+            return run()
+        finally:
+            if self.result.count > count:
+                self._absorb(before)
+
+    def _seen(self) -> int:
+        return len(self.caught) if self.caught is not None else 0
+
+    def _absorb(self, before: int) -> None:
+        """The debug-mode reports recorded since `before` belong to a call already counted."""
+        if self.caught is not None:
+            self.absorbed.update(id(w) for w in self.caught[before:])
 
 
 def _user_line() -> str:
@@ -149,7 +171,7 @@ class _ReadCalls(TorchFunctionMode):
             if device is not None and device.type == "cpu" and not non_blocking:
                 name = "to"
         if name is None or not (args and c.on_device(args[0])):
-            out = func(*args, **kwargs)
+            out = c.passed_through(lambda: func(*args, **kwargs))
             if c.host:
                 tensors = [a for a in args if isinstance(a, torch.Tensor)]
                 if tensors and not any(c.on_device(a) for a in tensors):
@@ -222,9 +244,11 @@ def count_syncs(cpu_as_device: bool | None = None) -> Iterator[SyncCount]:
       depends on the data (`nonzero`, `masked_select`, boolean-mask indexing, `unique`, `bincount`, ...);
     - with CUDA, `torch.cuda.set_sync_debug_mode("warn")` reports every sync made through c10's
       `memcpy_and_sync`/`stream_synchronize` (item, D2H copies, nonzero, `Stream.synchronize()`), even
-      inside C++ kernels; those not already inside a counted call are counted one each.
+      inside C++ kernels; those that no counted call explains are counted one each.
     Each counted call counts once (print(t) on a CUDA tensor makes many syncs inside; `debug_syncs` has the
-    raw number). Reads inside the Python code of other torch functions are seen as the operators they run.
+    raw number of debug-mode reports). A report belongs to a counted call when it arrives while that call
+    runs, or, for a read op counted by the dispatch mode (torch.nonzero, t[t > 0], torch.unique, ...),
+    before the Python call around that op returns: C++ passes the warning on to Python only then. Reads inside the Python code of other torch functions are seen as the operators they run.
     `torch.cuda.synchronize()` and `Event.synchronize()` are waits you wrote yourself: they are not
     counted (set_sync_debug_mode does not report them either); time them instead.
 

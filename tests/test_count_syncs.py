@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from course_utils.measure import count_syncs
+from course_utils.measure import SYNC_WARNING, count_syncs
 
 ROOT = Path(__file__).resolve().parents[1]
 HAS_CUDA = torch.cuda.is_available()
@@ -43,6 +43,10 @@ CALLS = {
     "max(t[0], t[1])": (lambda t: max(t[0], t[1]), 1),
     "stack([...]).tolist()": (lambda t: torch.stack([t.sum(), t.mean()]).tolist(), 1),
 }
+
+
+# Syncs that set_sync_debug_mode("warn") did not report (torch 2.11, H100): count_syncs counts them as aten ops.
+NOT_REPORTED_BY_DEBUG_MODE = {"torch.equal(t, t)"}
 
 
 def _count(op, t, **kw):
@@ -126,6 +130,32 @@ def test_modes_are_gone_and_other_warnings_pass_through_after_the_block():
     assert "a warning of the user's own" in [str(w.message) for w in seen]
 
 
+def test_a_debug_mode_report_after_its_counted_op_is_not_counted_again(monkeypatch):
+    """On CUDA, C++ passes set_sync_debug_mode's warning to Python when the outer call (torch.nonzero) returns,
+    after the dispatch mode has counted aten.nonzero: that report is the same sync. A report no counted
+    call explains still counts. Simulated here: a sync debug mode that does nothing, and warnings by hand."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_sync_debug_mode", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", lambda mode: None)
+
+    @torch.overrides.wrap_torch_function(lambda t: (t,))
+    def nonzero_then_report(t):  # a Python-level call, like torch.nonzero's binding
+        out = torch.nonzero(t)  # the dispatch mode counts aten.nonzero here...
+        warnings.warn(f"torch.nonzero {SYNC_WARNING}", UserWarning, stacklevel=1)  # ...then the report arrives
+        return out
+
+    @torch.overrides.wrap_torch_function(lambda t: (t,))
+    def report_only(t):  # a sync inside C++ that no read op explains
+        warnings.warn(f"stream.synchronize {SYNC_WARNING}", UserWarning, stacklevel=1)
+        return t
+
+    with count_syncs(cpu_as_device=True) as s:
+        nonzero_then_report(torch.arange(4.0))
+        report_only(torch.arange(4.0))
+    assert s.calls == ["aten.nonzero", "CUDA sync (set_sync_debug_mode)"], s.calls
+    assert s.count == 2 and s.debug_syncs == 2 and len(s.where) == 2
+
+
 def test_debug_syncs_is_none_without_cuda(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with count_syncs() as s:  # default: cpu_as_device where there is no CUDA
@@ -149,7 +179,8 @@ def test_each_call_counts_on_a_cuda_tensor(name):
         assert s.count == min(1, s.debug_syncs), s.calls
         return
     assert s.count == want, (name, s.calls)
-    assert s.debug_syncs >= want  # print(t) syncs many times inside its one counted call
+    if name not in NOT_REPORTED_BY_DEBUG_MODE:
+        assert s.debug_syncs >= want  # print(t) syncs many times inside its one counted call
 
 
 @pytest.mark.gpu
