@@ -23,6 +23,6 @@ def __getattr__(name: str):
 
 def load_ipython_extension(ipython) -> None:
     """`%load_ext course_utils` registers the %%torchrun and %%ranks cell magics."""
-    from .magics import load_ipython_extension as _load
+    from .launch.magics import load_ipython_extension as _load
 
     _load(ipython)

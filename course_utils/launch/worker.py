@@ -1,13 +1,9 @@
-"""One rank of a job started by `course_utils.launch`: `python -m course_utils._worker`.
+"""One rank of a job started by `course_utils.launch`: `python -m course_utils.launch.worker`.
 
-The parent (launch.py) gives every worker torchrun's environment (RANK, WORLD_SIZE, MASTER_PORT, ...)
-plus two private pipes, and hosts the TCPStore the workers rendezvous on, as torchrun's agent does
-(TORCHELASTIC_USE_AGENT_STORE=True). The worker initialises the default process group, then runs
-the calls it is sent until its command pipe closes, and destroys the process group before it exits.
-
-Wire format on both pipes: an 8-byte big-endian length, then a cloudpickle payload.
-  parent -> worker  ("call", seq, payload)  payload = ("fn", fn, args, kwargs) or ("code", source, filename)
-  worker -> parent  ("ready", info) | ("ok", seq, value_bytes) | ("error", seq, info)
+The parent gives every worker torchrun's environment (RANK, WORLD_SIZE, MASTER_PORT, ...) plus three
+private pipes, and hosts the TCPStore the workers rendezvous on, as torchrun's agent does
+(TORCHELASTIC_USE_AGENT_STORE=True). The worker initialises the default process group, runs the calls it
+is sent until its command pipe closes, and destroys the process group before it exits. Frames: transport.py.
 
 This module stays lean: it imports torch once and nothing heavy besides, because its start-up time is
 the launcher's start-up time.
@@ -17,16 +13,17 @@ from __future__ import annotations
 
 import ast
 import ctypes
+import faulthandler
 import linecache
 import os
 import signal
-import struct
 import sys
 import threading
 import time
 import traceback
 
-_HEADER = struct.Struct(">Q")
+from .pickling import dumps_on_cpu, loads_on_cpu
+from .transport import read_frame, write_frame
 
 
 def _die_with_parent(parent_pid: int, use_pdeathsig: bool) -> None:
@@ -53,73 +50,23 @@ def _die_with_parent(parent_pid: int, use_pdeathsig: bool) -> None:
     threading.Thread(target=watchdog, name="course-launch-watchdog", daemon=True).start()
 
 
-def _read_exact(fd: int, n: int) -> bytes | None:
-    chunks, got = [], 0
-    while got < n:
-        chunk = os.read(fd, min(n - got, 1 << 20))
-        if not chunk:
-            return None
-        chunks.append(chunk)
-        got += len(chunk)
-    return b"".join(chunks)
-
-
-def _read_frame(fd: int):
-    import cloudpickle
-
-    header = _read_exact(fd, _HEADER.size)
-    if header is None:
-        return None
-    body = _read_exact(fd, _HEADER.unpack(header)[0])
-    if body is None:
-        return None
-    return cloudpickle.loads(body)
-
-
-def _write_frame(fd: int, message) -> None:
-    import cloudpickle
-
-    body = cloudpickle.dumps(message)
-    data = memoryview(_HEADER.pack(len(body)) + body)
-    while data:
-        data = data[os.write(fd, data) :]
-
-
-def _dumps_on_cpu(value) -> bytes:
-    """Pickle a return value with every tensor moved to the CPU, so the parent never touches CUDA."""
-    import io
-
-    import cloudpickle
-    import torch
-
-    class CPUPickler(cloudpickle.Pickler):
-        def reducer_override(self, obj):
-            if isinstance(obj, torch.Tensor) and obj.device.type != "cpu":
-                cpu = obj.detach().cpu()
-                if isinstance(obj, torch.nn.Parameter):
-                    return torch.nn.Parameter, (cpu, obj.requires_grad)
-                return torch.Tensor.detach, (cpu,)
-            return super().reducer_override(obj)
-
-    buf = io.BytesIO()
-    CPUPickler(buf).dump(value)
-    return buf.getvalue()
-
-
-def _error_info(exc: BaseException) -> dict:
-    import cloudpickle
-
+def _error_info(exc: BaseException) -> tuple[dict, bytes]:
+    """(what the parent prints: type, message, traceback text, time) and the pickled exception, if it pickles."""
     tb = exc.__traceback__
     # Drop this module's own leading frames: the student's code is the story.
     while tb is not None and tb.tb_next is not None and tb.tb_frame.f_code.co_filename == __file__:
         tb = tb.tb_next
     text = "".join(traceback.format_exception(type(exc), exc, tb))
     try:
-        pickled = cloudpickle.dumps(exc)
+        pickled = dumps_on_cpu(exc)  # tensors inside it travel on the CPU, like results
     except Exception:  # an exception holding unpicklable state still reports its traceback
-        pickled = None
-    return {"type": type(exc).__qualname__, "message": str(exc), "traceback": text, "exception": pickled,
-            "time": time.time()}
+        pickled = b""
+    return {"type": type(exc).__qualname__, "message": str(exc), "traceback": text, "time": time.time()}, pickled
+
+
+def _send_error(fd: int, seq: int | None, exc: BaseException) -> None:
+    info, pickled = _error_info(exc)
+    write_frame(fd, ("error", seq, info), pickled)
 
 
 def _run_code(source: str, filename: str, namespace: dict):
@@ -134,22 +81,41 @@ def _run_code(source: str, filename: str, namespace: dict):
     return None
 
 
-def _call(payload_bytes: bytes, namespace: dict):
-    import cloudpickle
-
-    payload = cloudpickle.loads(payload_bytes)  # here, so that a module missing in the worker is this call's error
-    kind = payload[0]
-    if kind == "fn":
-        _, fn, args, kwargs, sources = payload
+def _call(payload: memoryview, namespace: dict):
+    # Unpickled here, so that a module missing in the worker is this call's error. The parent sends no tensor
+    # off the CPU (pickling.dumps_call refuses them), and the CPU unpickler keeps it that way.
+    call = loads_on_cpu(payload)
+    if call[0] == "fn":
+        _, fn, args, kwargs, sources = call
         for filename, lines in sources.items():  # a notebook function's cell source, for tracebacks
             linecache.cache.setdefault(filename, (sum(map(len, lines)), None, lines, filename))
         return fn(*args, **kwargs)
-    _, source, filename = payload
+    _, source, filename = call
     return _run_code(source, filename, namespace)
+
+
+def _init_process_group(backend: str, local_rank: int):
+    """The default process group; NCCL ranks own GPU `local_rank` (set before init, and bound with device_id)."""
+    import torch
+    import torch.distributed as dist
+
+    if backend == "nccl":
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+        try:
+            dist.init_process_group("nccl", device_id=device)
+        except TypeError:  # a torch without device_id (before 2.3)
+            dist.init_process_group("nccl")
+        return f"cuda:{local_rank} ({torch.cuda.get_device_name(local_rank)})"
+    dist.init_process_group(backend)
+    return "cpu"
 
 
 def main() -> int:
     env = os.environ
+    # First of all: at a timeout the parent asks for every thread's Python stack with SIGUSR1. faulthandler
+    # writes it from the signal handler itself, so it works while the rank is stuck inside a C++ collective.
+    faulthandler.register(signal.SIGUSR1, file=int(env["COURSE_LAUNCH_STACK_FD"]), all_threads=True)
     _die_with_parent(int(env["COURSE_LAUNCH_PARENT"]), env.get("COURSE_LAUNCH_PDEATHSIG") == "1")
     cmd_fd, res_fd = int(env["COURSE_LAUNCH_CMD_FD"]), int(env["COURSE_LAUNCH_RESULT_FD"])
     # Modules the notebook can import (its folder, sys.path edits) must be importable here too, so that
@@ -162,49 +128,44 @@ def main() -> int:
         import torch
         import torch.distributed as dist
 
-        backend = env["COURSE_LAUNCH_BACKEND"]
-        local_rank = int(env["LOCAL_RANK"])
-        if backend == "nccl":
-            torch.cuda.set_device(local_rank)
-            dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank))
-            device = f"cuda:{local_rank} ({torch.cuda.get_device_name(local_rank)})"
-        else:
-            dist.init_process_group(backend)
-            device = "cpu"
+        device = _init_process_group(env["COURSE_LAUNCH_BACKEND"], int(env["LOCAL_RANK"]))
     except BaseException as exc:
-        _write_frame(res_fd, ("error", None, _error_info(exc)))  # None: failed while starting
+        _send_error(res_fd, None, exc)  # None: failed while starting
         return 1
-    _write_frame(res_fd, ("ready", {"pid": os.getpid(), "device": device}))
+    write_frame(res_fd, ("ready", {"pid": os.getpid(), "device": device}))
 
     # %%ranks cells share one namespace per rank; torch and dist are there as the --cli preamble has them.
     namespace = {"__name__": "__main__", "__builtins__": __builtins__, "os": os, "torch": torch, "dist": dist}
     try:
         while True:
-            message = _read_frame(cmd_fd)
-            if message is None:  # the parent closed the pipe: we are done
+            frame = read_frame(cmd_fd)
+            if frame is None:  # the parent closed the pipe: we are done
                 break
-            _, seq, payload = message
+            (_, seq), payload = frame
             try:
                 value = _call(payload, namespace)
             except SystemExit as exc:  # sys.exit(0) in a cell is a success, as under torchrun
                 if exc.code not in (None, 0):
-                    _write_frame(res_fd, ("error", seq, _error_info(exc)))
+                    _send_error(res_fd, seq, exc)
                     continue
                 value = None
             except BaseException as exc:
-                _write_frame(res_fd, ("error", seq, _error_info(exc)))
+                _send_error(res_fd, seq, exc)
                 continue
             finally:
                 sys.stdout.flush()  # output printed by the call reaches the parent before its result
                 sys.stderr.flush()
+            write_frame(res_fd, ("returned", seq))  # from here on, a timeout is about sending, not a hang
             try:
-                data = _dumps_on_cpu(value)
+                data = dumps_on_cpu(value)
             except Exception as exc:
-                hint = TypeError(f"rank {env['RANK']} returned a {type(value).__name__} that cannot be pickled "
-                                 f"({exc}); return plain data (numbers, lists, dicts, tensors) instead")
-                _write_frame(res_fd, ("error", seq, _error_info(hint)))
+                _send_error(res_fd, seq, TypeError(
+                    f"rank {env['RANK']} returned a {type(value).__name__} that cannot be pickled ({exc}); return "
+                    "plain data (numbers, lists, dicts, tensors) instead"))
                 continue
-            _write_frame(res_fd, ("ok", seq, data))
+            del value
+            write_frame(res_fd, ("ok", seq), data)
+            del data
     finally:
         namespace.clear()  # the cells' objects go now, so files they left open are flushed and closed
         if dist.is_initialized():

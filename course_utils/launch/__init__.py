@@ -1,0 +1,34 @@
+"""Run code on N worker processes with torchrun's environment, from a notebook cell.
+
+    run(fn, *args, nproc=2)     one job: fresh workers, every rank's return value, nothing left behind
+    Pool(nproc)                 workers and their process group kept alive across cells (%%ranks)
+    run_code(source, nproc=2)   a cell's source on fresh workers (what %%torchrun does)
+    run_cli(source, nproc=2)    the same cell through the real torchrun CLI (%%torchrun --cli)
+
+How it avoids the usual pains:
+- Workers are fresh interpreters (`python -m course_utils.launch.worker`), never forks, so CUDA state in
+  the notebook cannot break them, and the notebook itself never initialises CUDA or a process group:
+  results and exceptions come back with every tensor on the CPU (pickling.py).
+- NCCL ranks each own GPU LOCAL_RANK; gloo ranks see no GPU unless asked (gpus=True), so a CPU lesson on
+  a GPU machine opens no CUDA context.
+- The function travels by cloudpickle: one defined in the notebook is pickled by value.
+- The parent hosts the rendezvous TCPStore on a socket it bound to 127.0.0.1:0 (an atomic free port).
+- One select() loop prints every rank's output live, prefixed by rank, in the executing cell, and
+  collects results of any size in linear time (transport.py).
+- Each worker leads its own session and dies with the parent. A failure, a timeout or Ctrl-C stops every
+  worker; a timeout first shows where each stuck rank was. No process, port or temporary file survives.
+
+Modules: options (arguments, backend, GPUs), env, transport, pickling, output, stacks, procs, errors,
+group (the worker group), worker (its entry point), jobs (run, run_code), pool, cli, magics.
+"""
+
+from __future__ import annotations
+
+from .cli import cli_command, run_cli
+from .errors import LaunchError, WorkerError, WorkerTimeout
+from .jobs import run, run_code
+from .options import BACKENDS, pick_backend
+from .pool import Pool, current_pool
+
+__all__ = ["BACKENDS", "LaunchError", "Pool", "WorkerError", "WorkerTimeout", "cli_command", "current_pool",
+           "pick_backend", "run", "run_cli", "run_code"]
