@@ -6,14 +6,8 @@ from __future__ import annotations
 
 import sys
 
-from .grading.grade import (  # noqa: F401  (re-exported)
-    GradeError,
-    Grader,
-    Options,
-    find_master,
-    grade_notebook,
-    main,
-)
+from .grading.grade import find_master, grade_notebook, main  # noqa: F401  (re-exported)
+from .grading.grader import GradeError, Grader, Options  # noqa: F401  (re-exported)
 from .grading.report import (  # noqa: F401  (re-exported)
     FAILED,
     NOT_ATTEMPTED,

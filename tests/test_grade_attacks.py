@@ -233,11 +233,15 @@ def test_without_landlock_the_grader_puts_files_back(tmp_path_factory):
         lab.attack(f"nl/a_{name}", "99_fixture", body)
     m = PARSED["99_fixture"]
     lab.write("nl/z_pass", "99_fixture", release.substitute(m.nb, {g: "pass" for g in TARGETS["99_fixture"]}, "f"))
+    lab.attack("nl/read", "99_fixture", attacks.ATTACKS["read_master_solutions"])
     results, out = lab.grade("nl", "-j", "1", env={"COURSE_GRADING_NO_LANDLOCK": "1"})
     for folder in ["z_pass"] + [f"a_{n}" for n in attacks.TAMPER]:
         assert_zero(results, folder, "99_fixture")
     assert "were put back" in out  # each tampering was seen and undone
     assert lab.files() == lab.snapshot
+    # What only Landlock prevents: reading the instructor's solutions off the disk. Here it works, which is why
+    # the README asks for a kernel with Landlock or a container.
+    assert results["read", "99_fixture"]["ex99_add"][0] == "passed"
 
 
 # ---------------------------------------------------------------------------------------------- limits

@@ -156,3 +156,12 @@ def test_runner_kills_processes_started_by_the_notebook(tmp_path):
         state = "gone"
     assert state in ("gone", "Z"), f"process {pid} started by the notebook is still running"
     assert run.stopped == "the kernel died in cell 1"
+
+
+@pytest.mark.skipif(sandbox.landlock_abi() < 1, reason="this Linux kernel has no Landlock")
+def test_runner_hides_what_it_is_told_to(tmp_path):
+    secret = tmp_path / "99_master.ipynb"
+    secret.write_text("the solution")
+    code = f"try:\n    print(open({str(secret)!r}).read())\nexcept PermissionError:\n    print('denied')"
+    run = run_notebook(_nb(code), cell_timeout=20, timeout=30, hide=[str(secret)])
+    assert run.cells[0].stdout == "denied\n"

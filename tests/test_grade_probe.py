@@ -207,3 +207,30 @@ def test_file_guard_puts_files_back(tmp_path):
     assert sorted(w.split()[0] for w in wrong) == ["changed", "created", "created", "deleted"]
     assert keep.read_text() == "A = 1\n" and gone.read_text() == "B = 2\n"
     assert not (tmp_path / "pkg" / "new.py").exists() and not (startup / "00-pwn.py").exists()
+
+
+@pytest.mark.skipif(sandbox.landlock_abi() < 1, reason="this Linux kernel has no Landlock")
+def test_hidden_files_cannot_be_read_but_their_neighbours_can(server, tmp_path):
+    (tmp_path / "masters").mkdir()
+    secret = tmp_path / "masters" / "02_lesson.ipynb"
+    secret.write_text("the solution")
+    beside = tmp_path / "masters" / "notes.txt"
+    beside.write_text("not secret")
+    link = tmp_path / "link_to_secret"
+    link.symlink_to(secret)
+    code = f"""
+import os
+def f():
+    out = {{"listing": sorted(os.listdir({str(secret.parent)!r}))}}
+    for name, path in (("secret", {str(secret)!r}), ("beside", {str(beside)!r}), ("link", {str(link)!r})):
+        try:
+            out[name] = open(path).read()
+        except PermissionError:
+            out[name] = "denied"
+    return out
+"""
+    got = run_probe(server, [("<solution>", code)], "ex97_call", INPUTS, cuda_visible_devices="", timeout=20,
+                    hide=[str(secret)])
+    assert got.status == "ok", got
+    assert got.data["out"] == {"listing": ["02_lesson.ipynb", "notes.txt"], "secret": "denied",
+                               "beside": "not secret", "link": "denied"}

@@ -14,6 +14,7 @@ import pytest
 from course_utils import grade, release
 from course_utils.grading import assemble
 from course_utils.grading import grade as grading
+from course_utils.grading import grader as grader_module
 
 MASTER = Path(__file__).parent / "fixtures" / "grading" / "99_fixture.ipynb"
 
@@ -131,7 +132,7 @@ def test_gpu_exercises_get_one_gpu_each_and_queue(monkeypatch, tmp_path):
 
     lock, busy, overlap, seen, cpu_seen = threading.Lock(), set(), [], [], []
 
-    def fake_probe(server, program, grade_id, inputs, *, cuda_visible_devices, timeout, landlock=True):
+    def fake_probe(server, program, grade_id, inputs, *, cuda_visible_devices, timeout, **_):
         inputs = checks.from_bytes(inputs)
         gpu_job = grade_id in ("ex99_gpu", "ex99_scale")
         with lock:
@@ -148,7 +149,7 @@ def test_gpu_exercises_get_one_gpu_each_and_queue(monkeypatch, tmp_path):
             busy.discard(cuda_visible_devices)
         return ProbeOutcome("ok", data=_honest_data(grade_id, inputs))
 
-    monkeypatch.setattr(grading, "run_probe", fake_probe)
+    monkeypatch.setattr(grader_module, "run_probe", fake_probe)
     items = []
     for i in range(6):
         path = tmp_path / f"s{i}_99_fixture.ipynb"
@@ -232,7 +233,7 @@ def test_table_shows_scores_and_total():
 
 
 def test_messages_are_made_safe_for_reports():
-    text = grading._clean("a\x00b\x1bc\n" + "x" * 5000)
+    text = grader_module._clean("a\x00b\x1bc\n" + "x" * 5000)
     assert "\x00" not in text and "\x1b" not in text and len(text) < 4100
 
 

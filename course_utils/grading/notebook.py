@@ -56,16 +56,18 @@ class NotebookRun:
 
 
 class _SandboxedKernelManager(AsyncKernelManager):
-    """Starts the kernel through `python -m course_utils.grading.sandbox WRITABLE... --`, which fences its
-    writes in (Landlock) before exec'ing the usual kernel command."""
+    """Starts the kernel through `python -m course_utils.grading.sandbox --write P ... --hide Q ... --`, which
+    fences it in (Landlock) before exec'ing the usual kernel command."""
 
     writable: list[str] = []
+    hidden: list[str] = []
 
     def format_kernel_cmd(self, extra_arguments=None):
         cmd = super().format_kernel_cmd(extra_arguments)
         if not self.writable:
             return cmd
-        return [sys.executable, "-m", "course_utils.grading.sandbox", *self.writable, "--", *cmd]
+        fence = [a for p in self.writable for a in ("--write", p)] + [a for p in self.hidden for a in ("--hide", p)]
+        return [sys.executable, "-m", "course_utils.grading.sandbox", *fence, "--", *cmd]
 
 
 class _GradingClient(NotebookClient):
@@ -144,7 +146,7 @@ def _error(cell) -> tuple[str, str]:
 
 
 async def _run(nb, *, kernel_name, cwd, cell_timeout, timeout, max_cell_output, max_total_output,
-               box: Sandbox | None, env: dict | None) -> NotebookRun:
+               box: Sandbox | None, env: dict | None, hide: list[str], landlock: bool) -> NotebookRun:
     start = time.monotonic()
     deadline = start + timeout
     result = NotebookRun(nb=nb)
@@ -167,7 +169,8 @@ async def _run(nb, *, kernel_name, cwd, cell_timeout, timeout, max_cell_output, 
     if box is not None:
         client.km = _SandboxedKernelManager(kernel_name=kernel_name,
                                             connection_file=str(box.root / "tmp" / "kernel.json"))
-        client.km.writable = [str(box.root), "/dev"]
+        if landlock:
+            client.km.writable, client.km.hidden = [str(box.root), "/dev"], list(hide)
         launch["env"] = box.env(env)
     else:
         client.km = client.create_kernel_manager()
@@ -242,17 +245,21 @@ def run_notebook(
     max_total_output: int = 20_000_000,
     sandbox: bool = True,
     env: dict[str, str] | None = None,
+    hide: list[str] | tuple[str, ...] = (),
+    landlock: bool = True,
 ) -> NotebookRun:
     """Execute `nb` (modified in place) in a fresh kernel; never raises for the notebook's errors.
 
     sandbox=True (the default): the kernel runs in a throwaway folder (its cwd unless `cwd` is given) with its
-    own home, IPython profile and temp dir, writes fenced in where Landlock exists; the folder is removed
-    afterwards. `env`: the kernel's environment before the sandbox moves home and temp dirs (default: ours)."""
+    own home, IPython profile and temp dir, writes fenced in and `hide` unreadable where Landlock exists (and
+    `landlock` is left True); the folder is removed afterwards. `env`: the kernel's environment before the
+    sandbox moves home and temp dirs (default: ours)."""
     box = Sandbox(prefix="course-notebook-") if sandbox else None
     try:
         return _run_sync(_run(nb, kernel_name=kernel_name, cwd=cwd or (box.work if box else "."),
                               cell_timeout=cell_timeout, timeout=timeout, max_cell_output=max_cell_output,
-                              max_total_output=max_total_output, box=box, env=env))
+                              max_total_output=max_total_output, box=box, env=env, hide=list(hide),
+                              landlock=landlock))
     finally:
         if box is not None:
             box.close()

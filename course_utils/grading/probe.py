@@ -216,8 +216,12 @@ def _stderr_tail(root: Path, n: int = 1500) -> str:
 
 
 def run_probe(server: ProbeServer, program: list[tuple[str, str]], grade_id: str, inputs: bytes, *,
-              cuda_visible_devices: str, timeout: float, landlock: bool = True) -> ProbeOutcome:
-    """Fork a probe for `grade_id`, wait at most `timeout` s for its result, kill it, decode the result."""
+              cuda_visible_devices: str, timeout: float, landlock: bool = True,
+              hide: list[str] | tuple[str, ...] = ()) -> ProbeOutcome:
+    """Fork a probe for `grade_id`, wait at most `timeout` s for its result, kill it, decode the result.
+
+    The probe may write only in its own folder (and /dev), and may not read beneath `hide` (landlock=False:
+    no fence, for tests of what happens on kernels without Landlock)."""
     from course_utils import checks
 
     box = sandbox.Sandbox(prefix="course-probe-")
@@ -226,7 +230,7 @@ def run_probe(server: ProbeServer, program: list[tuple[str, str]], grade_id: str
     try:
         request = {"grade_id": grade_id, "program": program, "inputs": inputs, "sandbox": str(box.root),
                    "cuda_visible_devices": cuda_visible_devices, "max_file_bytes": MAX_FILE_BYTES,
-                   "landlock": landlock}
+                   "landlock": landlock, "hide": list(hide)}
         try:
             pid = server.fork(request, write_fd)
         finally:

@@ -11,7 +11,8 @@ the first line of student code:
 - closes the server's socket (it cannot ask for more processes) and keeps only the pipe for its result;
 - moves cwd, HOME, TMPDIR, IPYTHONDIR, caches into a throwaway folder, pins CUDA_VISIBLE_DEVICES, sends
   stdout to /dev/null and stderr to a capped file;
-- fences its writes into that folder and /dev (Landlock, where the kernel has it);
+- fences its writes into that folder and /dev, and hides the masters, their git history, the submissions
+  and other sandboxes from its reads (Landlock, where the kernel has it);
 - takes the exercise's `probe` function from the checks module.
 Then it execs the master's setup cells and the submission's solution cells in a fresh namespace, calls
 `probe(namespace[entry], inputs)` and writes `checks.to_bytes({"status": ..., ...})` to its pipe.
@@ -182,8 +183,9 @@ def _isolate(req: dict) -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     limit = int(req["max_file_bytes"])
     resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    sandbox.prefer_oom_kill()
     if req.get("landlock", True):
-        sandbox.restrict_writes([root, "/dev"])
+        sandbox.restrict([root, "/dev"], list(req.get("hide", ())) + sandbox.other_sandboxes(root))
 
 
 def run_child(req: dict, result_fd: int) -> None:

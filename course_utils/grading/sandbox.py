@@ -2,15 +2,16 @@
 
 - `Sandbox`: a throwaway folder with its own cwd, home, temp dir, IPython and matplotlib config, and the
   environment that points there (`env()`), removed by `close()`.
-- `restrict_writes(paths)`: from then on this process and its children may write only beneath `paths`
-  (Linux Landlock, an unprivileged kernel sandbox; no root, no container). Reading stays allowed; with
-  Landlock ABI >= 6 the process also cannot signal processes outside its sandbox (the grader, the probe
-  server). Returns False where the kernel has no Landlock: then only `FileGuard` protects the files.
+- `restrict(write, hide)`: from then on this process and its children may write only beneath `write` and
+  may not read what is beneath `hide` (the masters, their git history, other submissions, other sandboxes)
+  (Linux Landlock, an unprivileged kernel sandbox; no root, no container); with Landlock ABI >= 6 they also
+  cannot signal processes outside the sandbox (the grader, the probe server). Returns 0 where the kernel
+  has no Landlock: then only `FileGuard` protects the files, and nothing is hidden.
 - `FileGuard`: a copy of the files a submission must not change (masters, the package, the grading
   account's IPython startup folder); `restore()` puts back whatever changed and says what it was.
 - `kill_tree(pid)`: SIGKILL a process, its process group and every descendant.
 
-`python -m course_utils.grading.sandbox WRITABLE... -- CMD...` applies restrict_writes and execs CMD (the
+`python -m course_utils.grading.sandbox --write P --hide Q ... -- CMD...` applies restrict and execs CMD (the
 feedback kernel starts this way). This module imports nothing heavy: it is on the kernel's start-up path.
 """
 
@@ -26,6 +27,9 @@ import tempfile
 from pathlib import Path
 
 # ---------------------------------------------------------------------------------------------- sandbox folder
+
+
+_PREFIXES = ("course-probe-", "course-notebook-", "course-grading-")
 
 
 class Sandbox:
@@ -83,10 +87,13 @@ _SYS_CREATE, _SYS_ADD_RULE, _SYS_RESTRICT = 444, 445, 446  # the same numbers on
 _PR_SET_NO_NEW_PRIVS = 38
 _RULE_PATH_BENEATH = 1
 _CREATE_RULESET_VERSION = 1
-# Access rights that change the file system (Landlock's write-side rights; reads stay unrestricted).
+# Landlock's file system access rights: reading (handled only when something is hidden), and changing.
+_EXECUTE, _READ_FILE, _READ_DIR = 1 << 0, 1 << 2, 1 << 3
+_READ = _EXECUTE | _READ_FILE | _READ_DIR
 _WRITE_FILE, _REMOVE_DIR, _REMOVE_FILE = 1 << 1, 1 << 4, 1 << 5
 _MAKE = sum(1 << i for i in range(6, 13))  # MAKE_CHAR .. MAKE_SYM (dirs, regular files, sockets, fifos, links)
 _REFER, _TRUNCATE = 1 << 13, 1 << 14  # ABI 2, ABI 3
+_FILE_RIGHTS = _EXECUTE | _READ_FILE | _WRITE_FILE | _TRUNCATE  # what a rule on a file (not a folder) may grant
 _SCOPE_SIGNAL = 1 << 1  # ABI 6: no signals to processes outside the sandbox
 
 
@@ -117,8 +124,36 @@ def landlock_abi() -> int:
     return max(int(abi), 0)
 
 
-def restrict_writes(paths: list[str | os.PathLike]) -> int:
-    """Allow this process (and what it starts) to write only beneath `paths`, for good.
+def _hidden_set(hide: list[str | os.PathLike]) -> list[Path]:
+    return sorted({Path(os.path.realpath(h)) for h in hide if os.path.lexists(h)})
+
+
+def _read_rules(hide: list[Path]) -> list[tuple[str, int]]:
+    """Read rights for everything but `hide`: directory listing everywhere (names only), and full read rights
+    beneath every entry of every ancestor of a hidden path that neither is, holds nor links into one."""
+    ancestors = {a for h in hide for a in h.parents}
+    hidden = set(hide)
+    rules = [("/", _READ_DIR)]
+    for folder in sorted(ancestors):
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:
+            continue
+        for entry in entries:
+            path = Path(entry.path)
+            if path in ancestors or path in hidden:
+                continue
+            real = Path(os.path.realpath(path))
+            if real in hidden or real in ancestors or any(h in real.parents for h in hidden):
+                continue  # a link into a hidden place
+            rules.append((str(path), _READ))
+    return rules
+
+
+def restrict(write: list[str | os.PathLike], hide: list[str | os.PathLike] = ()) -> int:
+    """Fence this process (and what it starts) in, for good: it may write only beneath `write`, and may not
+    read what is beneath `hide` (it still sees the names). Where Landlock has the signal scope (ABI >= 6) it
+    may not signal processes outside its sandbox either.
 
     Returns the Landlock ABI applied (0: not applied, nothing changed). Paths that do not exist are skipped.
     """
@@ -131,20 +166,26 @@ def restrict_writes(paths: list[str | os.PathLike]) -> int:
         handled |= _REFER
     if abi >= 3:
         handled |= _TRUNCATE
+    hidden = _hidden_set(list(hide))
+    rules = [(str(p), handled | (_READ if hidden else 0)) for p in write]
+    if hidden:
+        handled |= _READ
+        rules += _read_rules(hidden)
     attr = _RulesetAttr(handled, 0, _SCOPE_SIGNAL if abi >= 6 else 0)
     size = 24 if abi >= 6 else (16 if abi >= 4 else 8)  # the struct grew with the ABI
     ruleset = libc.syscall(_SYS_CREATE, ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0))
     if ruleset < 0:
         return 0
     try:
-        for path in paths:
+        for path, rights in rules:
             try:
                 fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
             except OSError:
                 continue
             try:
-                rights = handled if os.path.isdir(path) else handled & (_WRITE_FILE | _TRUNCATE)
-                rule = _PathBeneathAttr(rights, fd)
+                if not os.path.isdir(path):
+                    rights &= _FILE_RIGHTS
+                rule = _PathBeneathAttr(rights & handled, fd)
                 if libc.syscall(_SYS_ADD_RULE, ctypes.c_int(ruleset), ctypes.c_int(_RULE_PATH_BENEATH),
                                 ctypes.byref(rule), ctypes.c_uint32(0)) < 0:
                     raise OSError(ctypes.get_errno(), f"landlock_add_rule({path}) failed")
@@ -157,6 +198,20 @@ def restrict_writes(paths: list[str | os.PathLike]) -> int:
     finally:
         os.close(ruleset)
     return abi
+
+
+def restrict_writes(paths: list[str | os.PathLike]) -> int:
+    """restrict(write=paths): writes fenced in, reads left alone."""
+    return restrict(paths)
+
+
+def prefer_oom_kill() -> None:
+    """Make this process the out-of-memory killer's first choice (a student's memory hog, not the grader)."""
+    try:
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write("1000")
+    except OSError:
+        pass
 
 
 def set_child_subreaper() -> None:
@@ -307,14 +362,28 @@ class FileGuard:
 
 
 def _main(argv: list[str]) -> None:
-    """`python -m course_utils.grading.sandbox WRITABLE... -- CMD...`: fence writes in, then exec CMD."""
+    """`python -m course_utils.grading.sandbox [--write P]... [--hide P]... -- CMD...`: fence in, exec CMD."""
     if "--" not in argv:
-        sys.exit("usage: python -m course_utils.grading.sandbox WRITABLE... -- CMD...")
+        sys.exit("usage: python -m course_utils.grading.sandbox [--write PATH]... [--hide PATH]... -- CMD...")
     cut = argv.index("--")
-    writable, cmd = argv[:cut], argv[cut + 1:]
+    opts, cmd = argv[:cut], argv[cut + 1:]
+    write = [opts[i + 1] for i in range(0, len(opts) - 1, 2) if opts[i] == "--write"]
+    hide = [opts[i + 1] for i in range(0, len(opts) - 1, 2) if opts[i] == "--hide"]
     set_child_subreaper()  # (jupyter_client already started us in a session of our own)
-    restrict_writes(writable)
+    prefer_oom_kill()
+    restrict(write, hide + other_sandboxes(write[0] if write else None))
     os.execvp(cmd[0], cmd)
+
+
+def other_sandboxes(own: str | os.PathLike | None) -> list[str]:
+    """The grader's other throwaway folders beside `own` (other probes, other kernels): hidden from this one."""
+    if own is None:
+        return []
+    own = Path(own)
+    try:
+        return [str(p) for p in own.parent.iterdir() if p.name.startswith(_PREFIXES) and p != own]
+    except OSError:
+        return []
 
 
 if __name__ == "__main__":

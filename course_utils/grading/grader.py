@@ -1,0 +1,357 @@
+"""The grader: masters read once, a probe per exercise, verdicts decided here from plain data.
+
+    with Grader(Options(jobs=4, checks_modules=("tests/fixtures/grading/fixture_checks.py",))) as g:
+        for grade in g.grade_all([(submission, master), ...]):   # a Grade (or an error string) per pair
+            ...
+
+See grade.py (the command) for the rules and the README's instructor section for why.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import sys
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import nbformat
+
+from . import assemble, release
+from .probe import ProbeServer, run_probe
+from .probe_server import load_checks
+from .report import FAILED, NOT_ATTEMPTED, PASSED, SKIPPED, ExerciseResult, Grade
+from .sandbox import FileGuard
+
+MAX_SUBMISSION_BYTES = 50 << 20
+NO_LANDLOCK_ENV = "COURSE_GRADING_NO_LANDLOCK"  # tests of the fallback only: probes then rely on FileGuard
+_JUDGE_MODULES = ("course_utils.measure", "course_utils.timeline", "course_utils.reference")
+
+
+class GradeError(RuntimeError):
+    """The grader cannot grade: no master for a submission, a broken master, a probe server that will not start."""
+
+
+@dataclass
+class Options:
+    timeout: float = 600  # seconds per submission (all its probes), and for the feedback run
+    cell_timeout: float = 120  # seconds per probe (capped by the exercise's own timeout_s) and per feedback cell
+    max_cell_output: int = 1_000_000  # characters kept per cell in the feedback run
+    executed_dir: str | os.PathLike | None = None
+    jobs: int = 1
+    checks_modules: tuple[str, ...] = ()
+    gpus: tuple[str, ...] | None = None  # GPU ids to use; None: every GPU this process can see
+
+
+def visible_gpus() -> tuple[str, ...]:
+    """The GPU ids probes may be pinned to: CUDA_VISIBLE_DEVICES's entries if set, else 0..count-1."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        return tuple(t.strip() for t in env.split(",") if t.strip() and not t.strip().startswith("-"))
+    if sys.platform.startswith("linux") and not Path("/dev/nvidiactl").exists():
+        return ()  # no NVIDIA driver: no need to import torch to know
+    import torch
+
+    return tuple(str(i) for i in range(torch.cuda.device_count()))  # NVML first: no CUDA context here
+
+
+def _module_file(spec: str) -> Path | None:
+    """The file of a checks module (a .py path, or a dotted name found without importing the module itself)."""
+    if spec.endswith(".py") or os.sep in spec:
+        return Path(spec).resolve()
+    try:
+        import importlib.util
+
+        found = importlib.util.find_spec(spec)
+    except (ImportError, ValueError):
+        return None
+    return Path(found.origin) if found and found.origin else None
+
+
+def _clean(text: str, limit: int = 4000) -> str:
+    """A message fit for a table, CSV and XML: no control characters, bounded length."""
+    text = re.sub(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]", "?", str(text)).strip()
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+@dataclass
+class _Submission:
+    path: Path
+    label: str
+    master: assemble.Master
+    grade: Grade
+    regions: dict = field(default_factory=dict)
+    started: float | None = None
+    finished: float = 0.0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def time_left(self, budget: float) -> float:
+        with self.lock:
+            if self.started is None:
+                self.started = time.monotonic()
+            return self.started + budget - time.monotonic()
+
+    def done(self) -> None:
+        with self.lock:
+            self.finished = time.monotonic()
+
+
+class Grader:
+    """Grades submissions against masters read once; owns the probe server (use as a context manager)."""
+
+    def __init__(self, options: Options | None = None, **kw):
+        self.options = options or Options(**kw)
+        self.landlock = os.environ.get(NO_LANDLOCK_ENV) != "1"
+        # The probe server loads torch and the checks in its own process while this one reads notebooks and
+        # starts feedback kernels; it is waited for at the first probe.
+        self.server = ProbeServer(tuple(self.options.checks_modules))
+        try:
+            gpus = self.options.gpus if self.options.gpus is not None else visible_gpus()
+            self.gpus: queue.Queue[str] = queue.Queue()
+            for gpu in gpus:
+                self.gpus.put(gpu)
+            self.n_gpus = len(gpus)
+            self.masters: dict[Path, assemble.Master] = {}
+            self._guard: FileGuard | None = None
+            self._hidden: list[str] = []
+            self._guard_lock = threading.Lock()
+            self._checks_lock = threading.Lock()
+            self._checks_loaded = False
+        except BaseException:
+            self.server.close()
+            raise
+
+    def _load_checks(self) -> None:
+        """Import the checks here (once, before the first verdict): the judges run in this process."""
+        with self._checks_lock:
+            if self._checks_loaded:
+                return
+            for err in load_checks(self.options.checks_modules):
+                print(f"grade: warning: a checks module failed to import: {err}", file=sys.stderr)
+            for name in _JUDGE_MODULES:
+                __import__(name)
+            self._checks_loaded = True
+
+    def close(self) -> None:
+        self.server.close()
+        self._restore()
+
+    def __enter__(self) -> Grader:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------------------------------ masters
+
+    def master(self, path: str | os.PathLike) -> assemble.Master:
+        """The parsed master at `path`, read from disk the first time only."""
+        key = Path(path).resolve()
+        if key not in self.masters:
+            try:
+                self.masters[key] = assemble.read_master(key)
+            except release.ReleaseError as e:
+                raise GradeError(f"broken master: {e}") from e
+            except Exception as e:
+                raise GradeError(f"{path}: cannot read the master: {e}") from e
+        return self.masters[key]
+
+    def _protect(self, submissions: list[Path]) -> None:
+        """Copy what no submission may change: the package, the checks modules, the masters, IPython startup."""
+        import course_utils
+
+        roots = [Path(course_utils.__file__).parent]
+        for folder in sorted({m.parent for m in self.masters}):  # every master beside the ones graded
+            roots += sorted(folder.glob("*.ipynb"))
+        roots += [p for p in map(_module_file, self.options.checks_modules) if p is not None]
+        home = Path(os.environ.get("HOME", str(Path.home())))
+        roots.append(home / ".ipython" / "profile_default" / "startup")
+        with self._guard_lock:
+            self._guard = FileGuard(roots)
+        # Hidden from probes and feedback kernels: the masters (they hold the solutions), the git history beside
+        # them, every submission of this run and the feedback notebooks.
+        hidden = {str(p) for folder in {m.parent for m in self.masters} for p in folder.glob("*.ipynb")}
+        for folder in {m.parent for m in self.masters}:
+            hidden |= {str(p / ".git") for p in [folder, *folder.parents] if (p / ".git").exists()}
+        hidden |= {str(Path(p).resolve()) for p in submissions}
+        if self.options.executed_dir:
+            Path(self.options.executed_dir).mkdir(parents=True, exist_ok=True)
+            hidden.add(str(Path(self.options.executed_dir).resolve()))
+        self._hidden = sorted(hidden)
+
+    def _restore(self) -> list[str]:
+        with self._guard_lock:
+            return self._guard.restore() if self._guard else []
+
+    # ------------------------------------------------------------------------------------------ grading
+
+    def grade(self, submission: str | os.PathLike, master: str | os.PathLike) -> Grade:
+        """Grade one submission (GradeError if its master is broken)."""
+        (result,) = self.grade_all([(submission, master)])
+        if isinstance(result, str):
+            raise GradeError(result)
+        return result
+
+    def grade_all(self, items: list[tuple[str | os.PathLike, str | os.PathLike]]):
+        """Grade (submission, master) pairs; yields a Grade (or an error message) per pair, in order."""
+        subs: list[_Submission | str] = []
+        for path, master_path in items:
+            try:
+                subs.append(self._prepare(Path(path), self.master(master_path)))
+            except GradeError as e:
+                subs.append(str(e))
+        self._protect([Path(p) for p, _ in items])
+        jobs = max(1, self.options.jobs)
+        # Feedback runs have a pool of their own: they overlap the probes (a GPU slot still keeps one job per GPU).
+        with ThreadPoolExecutor(jobs, thread_name_prefix="grade") as pool, \
+                ThreadPoolExecutor(jobs, thread_name_prefix="feedback") as feedback:
+            plans = []
+            for sub in subs:
+                if isinstance(sub, str):
+                    plans.append((sub, []))
+                    continue
+                futures = []
+                if self.options.executed_dir and not sub.grade.stopped:
+                    futures.append(feedback.submit(self._feedback, sub))
+                futures += [pool.submit(self._exercise, sub, ex) for ex in sub.master.exercises
+                            if sub.grade.stopped == ""]
+                plans.append((sub, futures))
+            for sub, futures in plans:
+                if isinstance(sub, str):
+                    yield sub
+                    continue
+                yield self._finish(sub, futures)
+
+    def _prepare(self, path: Path, master: assemble.Master) -> _Submission:
+        grade = Grade(_label(path), str(master.path))
+        sub = _Submission(path, grade.submission, master, grade)
+        try:
+            if path.stat().st_size > MAX_SUBMISSION_BYTES:
+                raise ValueError(f"it is larger than {MAX_SUBMISSION_BYTES >> 20} MB")
+            nb = nbformat.read(path, as_version=4)
+            sub.regions = assemble.regions(master, nb)
+        except Exception as e:  # not JSON, not a notebook: the submission scores nothing, the class goes on
+            grade.stopped = _clean(f"cannot read the submission: {e}", 300)
+            grade.exercises = [ExerciseResult(ex.grade_id, ex.points, 0, FAILED, grade.stopped)
+                               for ex in master.exercises]
+        return sub
+
+    def _finish(self, sub: _Submission, futures: list[Future]) -> Grade:
+        results = [f.result() for f in futures]
+        if results:
+            sub.grade.exercises = [r for r in results if isinstance(r, ExerciseResult)]
+            sub.grade.seconds = sub.finished - (sub.started or sub.finished)
+        for ex in sub.grade.exercises:
+            if ex.status == FAILED and ex.message.startswith("not run: the submission's time limit"):
+                sub.grade.stopped = sub.grade.stopped or f"the submission's time limit of {self.options.timeout:g} s"
+        return sub.grade
+
+    def _exercise(self, sub: _Submission, ex: assemble.MasterExercise) -> ExerciseResult:
+        try:
+            status, message = self._verdict(sub, ex)
+        except Exception as e:  # a grader or check bug must not cost the rest of the class its grades
+            status, message = FAILED, f"the grader failed on this exercise ({type(e).__name__}: {e})"
+        sub.done()
+        return ExerciseResult(ex.grade_id, ex.points, ex.points if status == PASSED else 0, status, _clean(message))
+
+    def _verdict(self, sub: _Submission, ex: assemble.MasterExercise) -> tuple[str, str]:
+        from course_utils import checks
+
+        self._load_checks()
+        if not assemble.attempted(ex, sub.regions):
+            missing = all(sub.regions.get(i) is None for i in ex.solutions)
+            return NOT_ATTEMPTED, ("the submission has no solution cell for it" if missing
+                                   else "the solution is still `raise NotImplementedError()`")
+        try:
+            check = checks.exercise(ex.grade_id)
+        except KeyError:
+            return FAILED, (f"no check registered for exercise {ex.grade_id!r}: a module in course_utils/checks/ "
+                            "must register an Exercise for it (or pass its module with --checks-module)")
+        except Exception as e:
+            return FAILED, f"the checks module of {ex.grade_id!r} failed to import ({type(e).__name__}: {e})"
+        gpu_needed = check.needs_gpu and self.n_gpus > 0
+        if check.needs_gpu and not gpu_needed and not check.cpu_part:
+            return self._skip(ex.grade_id, "needs a GPU; not graded on this machine")
+        try:
+            inputs = checks.plain({**check.inputs(), "gpu": gpu_needed})
+        except Exception as e:
+            return FAILED, f"the check's inputs() failed ({type(e).__name__}: {e})"
+        self.server.wait_ready()  # (the first probe waits for the server to load; that is not the student's time)
+        left = sub.time_left(self.options.timeout)
+        limit = min(check.timeout_s, self.options.cell_timeout, left)
+        if limit <= 0:
+            return FAILED, f"not run: the submission's time limit of {self.options.timeout:g} s was used up"
+        gpu = self.gpus.get() if gpu_needed else ""
+        try:
+            outcome = run_probe(self.server, assemble.program(sub.master, ex, sub.regions), ex.grade_id,
+                                checks.to_bytes(inputs), cuda_visible_devices=gpu, timeout=limit,
+                                landlock=self.landlock, hide=self._hidden)
+        finally:
+            if gpu_needed:
+                self.gpus.put(gpu)
+            changed = self._restore()
+        if changed:
+            note = f"files changed while {ex.grade_id} was graded were put back: {'; '.join(changed)[:1000]}"
+            sub.grade.notes.append(note)
+            print(f"grade: warning: {sub.label}: {note}", file=sys.stderr)
+        if outcome.status == "not attempted":
+            return NOT_ATTEMPTED, "the solution raised NotImplementedError"
+        if outcome.status != "ok":
+            return FAILED, outcome.message
+        try:
+            detail = check.judge(inputs, outcome.data)
+        except checks.CheckFailed as e:
+            return FAILED, str(e)
+        except Exception as e:  # data of the wrong shape (a broken or forged probe result) fails
+            return FAILED, f"the check could not judge what the probe returned ({type(e).__name__}: {e})"
+        if check.needs_gpu and not gpu_needed:
+            return self._skip(ex.grade_id, f"needs a GPU ({checks.CPU_PART_PASSED})")
+        return PASSED, detail if isinstance(detail, str) else ""
+
+    def _skip(self, grade_id: str, message: str) -> tuple[str, str]:
+        from course_utils import checks
+
+        if checks.require_gpu_mode():
+            return FAILED, f"{message}; COURSE_REQUIRE_GPU=1 forbids skipping it"
+        return SKIPPED, message
+
+    def _feedback(self, sub: _Submission) -> None:
+        """Run the assembled notebook for the student to read (never for a verdict); write it to executed_dir."""
+        from .notebook import run_notebook
+
+        nb = assemble.feedback_notebook(sub.master, sub.regions)
+        env = dict(os.environ)
+        paths = [str(Path(s).resolve().parent) for s in self.options.checks_modules if s.endswith(".py") or os.sep in s]
+        env["PYTHONPATH"] = os.pathsep.join(paths + [p for p in [env.get("PYTHONPATH", "")] if p])
+        gpu = self.gpus.get() if self.n_gpus else ""
+        env["CUDA_VISIBLE_DEVICES"] = gpu
+        kernel = nb.metadata.get("kernelspec", {}).get("name") or "python3"
+        try:
+            run = run_notebook(nb, kernel_name=kernel, cell_timeout=self.options.cell_timeout,
+                               timeout=self.options.timeout, max_cell_output=self.options.max_cell_output,
+                               env=env, sandbox=True, hide=self._hidden, landlock=self.landlock)
+            if run.stopped:
+                sub.grade.notes.append(_clean(f"feedback run: {run.stopped}", 300))
+        except Exception as e:  # the kernel would not start: the feedback is missing, the grades stand
+            sub.grade.notes.append(_clean(f"feedback run failed: {type(e).__name__}: {e}", 300))
+        finally:
+            if self.n_gpus:
+                self.gpus.put(gpu)
+            changed = self._restore()
+        if changed:
+            sub.grade.notes.append(f"files changed by the feedback run were put back: {'; '.join(changed)[:1000]}")
+        out = Path(self.options.executed_dir) / sub.label.lstrip(os.sep).replace(os.sep, "__")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(release.dumps(nb), encoding="utf-8")
+
+
+
+def _label(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
