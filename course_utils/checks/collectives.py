@@ -11,10 +11,11 @@ ex06_time_collective (CPU, on gloo ranks): the learner's `time_collective(launch
 rank of a job this probe starts (course_utils.launch, 2 gloo ranks) with a `launch` it builds: each call starts
 one all_reduce with async_op=True on a process group created at the first call, and that first call also pauses
 `setup_s` seconds, standing in for the communicator set-up an NCCL group pays on first use (gloo's own set-up is
-too quick to notice). The probe counts the launches, waits for any Work the answer left running, and times the
-same all_reduce with its own loop before and after the answer; the judge wants warmup + iters launches, the same
-number on every rank (the average over ranks), and a time per call between `low` times the fastest of the probe's
-runs and `high` times their median.
+too quick to notice). The answer runs `runs` times, each on a fresh `launch`; the probe counts the launches,
+waits for any Work the answer left running, and times the same all_reduce with its own loop before and after; the
+judge wants, in every run, warmup + iters launches and the same number on every rank (the average over ranks), and
+in the best run a time per call between `low` times the fastest of the probe's loops and `high` times the slowest
+median of them.
 
 Why an answer cannot hand its work to course_utils.bench. bench is the course's measuring tool: its table must
 show busbw, so it holds the nccl-tests factors and a timing loop, i.e. both answers, and a student imports it.
@@ -215,7 +216,8 @@ def time_inputs(seed: int | None = None) -> dict:
     seed = random.randrange(1_000_000) if seed is None else seed
     rng = random.Random(seed)
     return {"seed": seed, "nproc": 2, "numel": rng.choice((1 << 18, 3 << 17, 1 << 19)), "iters": rng.randint(8, 12),
-            "warmup": rng.randint(2, 3), "setup_s": 0.5, "repeats": 3, "low": 0.4, "high": 2.5, "timeout_s": 90}
+            "warmup": rng.randint(2, 3), "setup_s": 1.0, "runs": 2, "repeats": 3, "low": 0.4, "high": 4.0,
+            "timeout_s": 90}
 
 
 def _probe_loop(buf: Any, group: Any, iters: int) -> float:
@@ -230,47 +232,49 @@ def _probe_loop(buf: Any, group: Any, iters: int) -> float:
 
 
 def _time_rank(answer: Any, inputs: dict) -> dict:
-    """On every rank: reference timings, then the answer on a fresh `launch`, then reference timings again."""
+    """On every rank: reference timings, the answer `runs` times (each on a fresh `launch`), reference timings."""
     import torch
     import torch.distributed as dist
 
     iters, warmup, repeats = inputs["iters"], inputs["warmup"], inputs["repeats"]
-    ref_buf, buf = torch.zeros(inputs["numel"]), torch.zeros(inputs["numel"])
+    ref_buf = torch.zeros(inputs["numel"])
     ref_group = dist.new_group(backend="gloo")
     _probe_loop(ref_buf, ref_group, 2)  # warm
     before = [_probe_loop(ref_buf, ref_group, iters) for _ in range(repeats)]
-    state: dict[str, Any] = {"group": None, "launches": 0, "works": []}
+    runs = []
+    for _ in range(inputs["runs"]):
+        buf = torch.zeros(inputs["numel"])
+        state: dict[str, Any] = {"group": None, "launches": 0, "works": []}
 
-    def launch():
-        """Start one all_reduce (async_op=True) and return its Work. The first call sets the group up."""
-        if state["group"] is None:
-            state["group"] = dist.new_group(backend="gloo")
-            time.sleep(inputs["setup_s"])  # stands in for an NCCL communicator's set-up on first use
-        state["launches"] += 1
-        work = dist.all_reduce(buf, group=state["group"], async_op=True)
-        state["works"].append(work)
-        return work
+        def launch(buf=buf, state=state):
+            """Start one all_reduce (async_op=True) and return its Work. The first call sets the group up."""
+            if state["group"] is None:
+                state["group"] = dist.new_group(backend="gloo")
+                time.sleep(inputs["setup_s"])  # stands in for an NCCL communicator's set-up on first use
+            state["launches"] += 1
+            work = dist.all_reduce(buf, group=state["group"], async_op=True)
+            state["works"].append(work)
+            return work
 
+        dist.barrier()
+        error = None
+        with tools_unavailable():
+            try:
+                value = answer(launch, iters=iters, warmup=warmup)
+            except NotImplementedError:
+                return {"not_attempted": True}
+            except RuntimeError as err:
+                if not _not_allowed(err):
+                    raise
+                value, error = None, str(err)
+        for work in state["works"]:  # whatever the answer left running
+            work.wait()
+        runs.append({"value": _plain_number(value), "error": error, "launches": state["launches"]})
+        if error is not None:
+            break
     dist.barrier()
-    t0 = time.perf_counter()
-    error = None
-    with tools_unavailable():
-        try:
-            value = answer(launch, iters=iters, warmup=warmup)
-        except NotImplementedError:
-            return {"not_attempted": True}
-        except RuntimeError as err:
-            if not _not_allowed(err):
-                raise
-            value, error = None, str(err)
-    answer_s = time.perf_counter() - t0
-    for work in state["works"]:  # whatever the answer left running
-        work.wait()
-    dist.barrier()
-    group, b = (state["group"], buf) if state["group"] is not None else (ref_group, ref_buf)
-    after = [_probe_loop(b, group, iters) for _ in range(repeats)]
-    return {"value": _plain_number(value), "error": error, "launches": state["launches"], "answer_s": answer_s,
-            "before_s": before, "after_s": after}
+    after = [_probe_loop(ref_buf, ref_group, iters) for _ in range(repeats)]
+    return {"runs": runs, "before_s": before, "after_s": after}
 
 
 def time_probe(answer: Any, inputs: dict) -> dict:
@@ -292,30 +296,34 @@ def time_judge(inputs: dict, data: dict) -> str:
     nproc, iters, warmup = inputs["nproc"], inputs["iters"], inputs["warmup"]
     expect(type(ranks) is list and len(ranks) == nproc, EX_TIME, f"a result from each of {nproc} ranks",
            ranks if type(ranks) is not list else len(ranks))
-    for rank, r in enumerate(ranks):
-        expect(r.get("error") is None, EX_TIME, "time_collective to measure by itself", r.get("error"))
-        expect(r["launches"] == warmup + iters, EX_TIME,
-               f"{warmup + iters} calls of launch() on rank {rank} ({warmup} warm-up, {iters} timed)",
-               f"{r['launches']} calls", "how many calls are warm-up, how many are timed, and what does the first "
-               "call on a fresh group pay for?")
-        expect(type(r["value"]) is float and math.isfinite(r["value"]) and r["value"] > 0, EX_TIME,
-               f"a positive number of seconds per call on rank {rank}", r["value"])
-    values = [r["value"] for r in ranks]
-    expect(all(close(v, values[0], rel=1e-9) for v in values), EX_TIME,
-           "the same number on every rank (the time per call averaged over the ranks, as nccl-tests reports it)",
-           [f"{v:.6g} s" for v in values], "each rank measured its own time: how do the ranks agree on one number?")
-    value = values[0]
+    values = []  # per run: the value every rank returned
+    for i in range(len(ranks[0]["runs"])):
+        for rank, r in enumerate(ranks):
+            run = r["runs"][i]
+            expect(run["error"] is None, EX_TIME, "time_collective to measure by itself", run["error"])
+            expect(run["launches"] == warmup + iters, EX_TIME,
+                   f"{warmup + iters} calls of launch() on rank {rank} ({warmup} warm-up, {iters} timed)",
+                   f"{run['launches']} calls", "how many calls are warm-up, how many are timed, and what does the "
+                   "first call on a fresh group pay for?")
+            expect(type(run["value"]) is float and math.isfinite(run["value"]) and run["value"] > 0, EX_TIME,
+                   f"a positive number of seconds per call on rank {rank}", run["value"])
+        seen = [r["runs"][i]["value"] for r in ranks]
+        expect(all(close(v, seen[0], rel=1e-9) for v in seen), EX_TIME,
+               "the same number on every rank (the time per call averaged over the ranks, as nccl-tests reports it)",
+               [f"{v:.6g} s" for v in seen], "each rank measured its own time: how do the ranks agree on one number?")
+        values.append(seen[0])
+    expect(len(values) == inputs["runs"], EX_TIME, f"{inputs['runs']} runs of time_collective", len(values))
     samples = [s for r in ranks for s in r["before_s"] + r["after_s"]]
     ref = max(statistics.median(r[key]) for r in ranks for key in ("before_s", "after_s"))
     lo, hi = inputs["low"] * min(samples), inputs["high"] * ref
-    expect(value >= lo, EX_TIME,
-           f"about the time an all_reduce of {inputs['numel']} floats takes here: at least {lo * 1e3:.3f} ms per call",
-           f"{value * 1e3:.4f} ms", "had every timed collective finished when you read the clock the second time?")
-    expect(value <= hi, EX_TIME,
-           f"about the time an all_reduce of {inputs['numel']} floats takes here: at most {hi * 1e3:.3f} ms per call "
-           "(returned in seconds)", f"{value * 1e3:.4f} ms", "what did your clock see besides the timed calls?")
-    return (f"{value * 1e3:.3f} ms per call on {nproc} ranks; the check's own loop measured "
-            f"{min(samples) * 1e3:.3f} to {ref * 1e3:.3f} ms (fastest, slowest median)")
+    best = min(values, key=lambda v: abs(math.log(v / ref)))  # timing verdicts on the best of the runs
+    what = f"about the time an all_reduce of {inputs['numel']} floats takes here"
+    expect(best >= lo, EX_TIME, f"{what}: at least {lo * 1e3:.3f} ms per call", f"{best * 1e3:.4f} ms at best",
+           "had every timed collective finished when you read the clock the second time?")
+    expect(best <= hi, EX_TIME, f"{what}: at most {hi * 1e3:.3f} ms per call (returned in seconds)",
+           f"{best * 1e3:.4f} ms at best", "what did your clock see besides the timed calls?")
+    return (f"{', '.join(f'{v * 1e3:.3f}' for v in values)} ms per call on {nproc} ranks; the check's own loop "
+            f"measured {min(samples) * 1e3:.3f} to {ref * 1e3:.3f} ms (fastest, slowest median)")
 
 
 register(Exercise(EX_TIME, entry="time_collective", probe=time_probe, judge=time_judge, inputs=time_inputs,
