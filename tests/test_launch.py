@@ -20,8 +20,16 @@ import torch.distributed as dist
 
 from course_utils import launch
 from course_utils.launch import WorkerError, WorkerTimeout, group, options
-from tests.launch_helpers import (ALL_REDUCE, FAILS_ON_RANK_1, ROOT, assert_clean, assert_gone, cell_function,
-                                  snapshot, tcpstore_warmed)  # noqa: F401  (tcpstore_warmed: an autouse fixture)
+from tests.launch_helpers import (
+    ALL_REDUCE,
+    FAILS_ON_RANK_1,
+    ROOT,
+    assert_clean,
+    assert_gone,
+    cell_function,
+    snapshot,
+    tcpstore_warmed,  # noqa: F401  (an autouse fixture)
+)
 
 # ---- bad input: a clear error before any process starts ---------------------------------------------
 

@@ -8,6 +8,7 @@ from typing import Any
 from .group import Group, deadline_after
 from .options import check_nproc, check_ranks, check_timeout, pick_backend, pick_gpus
 from .pickling import dumps_call, dumps_code
+from .stacks import remember_source
 
 
 def one_shot(payload: bytes, nproc: int, backend: str, gpus: bool, timeout: float | None,
@@ -54,5 +55,6 @@ def run_code(source: str, nproc: int = 2, backend: str = "auto", timeout: float 
     nproc, timeout = check_nproc(nproc), check_timeout(timeout)
     show = check_ranks(ranks, nproc)
     payload = dumps_code(source, filename)
+    remember_source(source, filename)
     backend = pick_backend(backend, nproc)
     return one_shot(payload, nproc, backend, pick_gpus(gpus, backend), timeout, show)

@@ -35,7 +35,9 @@ def _results(values: dict) -> dict | None:
 
 def _mismatch(pool: Pool, backend: str | None, gpus: bool | None) -> str | None:
     """What in the options differs from the open pool (None: it fits)."""
-    wanted = pick_backend(backend, pool.nproc) if backend is not None else pool.backend
+    wanted = backend or pool.backend
+    if wanted == "auto":
+        wanted = pick_backend("auto", pool.nproc)
     if wanted != pool.backend:
         return f"--backend {backend} (it runs {pool.backend})"
     if gpus is not None and pick_gpus(gpus, wanted) != pool.gpus:

@@ -12,6 +12,7 @@ from .errors import LaunchError, WorkerError, WorkerTimeout, add_note
 from .group import Group, deadline_after
 from .options import check_nproc, check_ranks, check_timeout, pick_backend, pick_gpus
 from .pickling import dumps_call, dumps_code
+from .stacks import remember_source
 
 _pools: weakref.WeakSet = weakref.WeakSet()
 _current: Pool | None = None
@@ -78,7 +79,9 @@ class Pool:
         __tracebackhide__ = True
         timeout = check_timeout(timeout)
         show = check_ranks(ranks, self.nproc) if ranks is not None else self.show
-        return self._call(dumps_code(source, filename), timeout, show)
+        payload = dumps_code(source, filename)
+        remember_source(source, filename)
+        return self._call(payload, timeout, show)
 
     def _call(self, payload: bytes, timeout: float | None, show: frozenset[int] | None) -> dict[int, Any]:
         __tracebackhide__ = True

@@ -17,6 +17,11 @@ _THREAD = re.compile(r"^(Current thread|Thread) (?P<id>0x[0-9a-f]+)")
 _LAUNCHER_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
+def remember_source(source: str, filename: str) -> None:
+    """Keep a cell's source under its pseudo file name here too, so stacks from the ranks show its lines."""
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+
+
 def _ours(filename: str) -> bool:
     """Frames of the launcher, or of the machinery under it, which say nothing about the student's code."""
     return os.path.dirname(os.path.abspath(filename)) == _LAUNCHER_DIR or "runpy" in filename

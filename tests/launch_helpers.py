@@ -1,0 +1,104 @@
+"""Shared by the tests of course_utils.launch: notebook-style functions, and proof that nothing is left.
+
+Functions under test are defined the way a notebook cell defines them (in a module named __main__), so
+cloudpickle must ship them by value, as it does from Jupyter.
+"""
+
+from __future__ import annotations
+
+import linecache
+import os
+import textwrap
+import time
+
+import psutil
+import pytest
+import torch.distributed as dist
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+
+def cell_function(source: str, name: str):
+    """Define `name` as a notebook cell would: in __main__, which the workers cannot import, with its source
+    in linecache under a file name that does not exist (IPython's /tmp/ipykernel_*/*.py are like that)."""
+    source = textwrap.dedent(source)
+    filename = f"<cell {name}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    namespace = {"__name__": "__main__"}
+    exec(compile(source, filename, "exec"), namespace)
+    return namespace[name]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def tcpstore_warmed():
+    """The first TCPStore of a process opens a pipe that lives as long as the process (libuv's); open it
+    now so the file-descriptor counts below see only what each launch leaves behind."""
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    del store
+
+
+def snapshot() -> dict:
+    me = psutil.Process()
+    return {"children": me.children(recursive=True), "fds": len(os.listdir("/proc/self/fd")),
+            "listening": [c for c in me.net_connections("inet") if c.status == psutil.CONN_LISTEN]}
+
+
+def assert_clean(before: dict) -> None:
+    """Nothing the launcher started survives: processes, listening ports, file descriptors."""
+    me = psutil.Process()
+    deadline = time.monotonic() + 5
+    while me.children(recursive=True) and time.monotonic() < deadline:  # reaped already; belt and braces
+        time.sleep(0.05)
+    assert me.children(recursive=True) == before["children"] == []
+    assert [c for c in me.net_connections("inet") if c.status == psutil.CONN_LISTEN] == before["listening"]
+    assert len(os.listdir("/proc/self/fd")) == before["fds"]
+
+
+def alive(pids: list[int]) -> list[int]:
+    out = []
+    for p in pids:
+        try:
+            if psutil.Process(p).status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def assert_gone(pids: list[int], within: float = 10.0) -> None:
+    deadline = time.monotonic() + within
+    left = alive(pids)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.1)
+        left = alive(pids)
+    assert left == [], f"still alive: {left}"
+
+
+ALL_REDUCE = cell_function("""
+    import os
+    import torch
+    import torch.distributed as dist
+
+    def all_reduce_rank(scale=1.0):
+        t = torch.full((3,), float(dist.get_rank() + 1)) * scale
+        dist.all_reduce(t)
+        print(f"sum is {t[0].item():g}")
+        keys = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME",
+                "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
+                "TORCHELASTIC_USE_AGENT_STORE", "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES"]
+        env = {k: os.environ.get(k) for k in keys}
+        return {"tensor": t, "env": env, "backend": dist.get_backend(), "pid": os.getpid(), "pgid": os.getpgrp()}
+""", "all_reduce_rank")
+
+FAILS_ON_RANK_1 = cell_function("""
+    import torch
+    import torch.distributed as dist
+
+    def fails_on_rank_1():
+        if dist.get_rank() == 1:
+            raise ValueError("rank 1 has bad data")
+        print("entering all_reduce")
+        dist.all_reduce(torch.ones(1))  # the others wait here for rank 1, which never comes
+""", "fails_on_rank_1")
