@@ -72,7 +72,8 @@ def test_a_cli_hang_ends_at_the_timeout_with_stacks_and_nothing_left(capsys):
     assert len(pids) == 2
     err = info.value
     assert err.running == [0, 1]
-    assert "dist.barrier()" in err.stacks[0] and "time.sleep(300)" in err.stacks[1]
+    assert 'File "<torchrun cell>", line 4, in <module>\n    dist.barrier()' in err.stacks[0]
+    assert 'File "<torchrun cell>", line 6, in <module>\n    time.sleep(300)' in err.stacks[1]
     assert_gone(pids)
     assert_clean(before)
 

@@ -84,8 +84,10 @@ def run_cli(source: str, nproc: int = 2, backend: str = "auto", timeout: float |
     try:
         script = os.path.join(tmp, "cell.py")
         dump = "" if timeout is None else _STACK_DUMP.format(folder=tmp, deadline=time.time() + timeout)
+        preamble = _PREAMBLE.format(backend=backend, stack_dump=dump)
         with open(script, "w") as f:
-            f.write(_PREAMBLE.format(backend=backend, stack_dump=dump) + source + _POSTAMBLE)
+            f.write(preamble + source + _POSTAMBLE)
+        as_cell = {script: ("<torchrun cell>", preamble.count("\n"))}  # stacks show the cell's own line numbers
         cmd = cli_command(script, nproc, show, os.path.join(tmp, "logs"))
         print("$ torchrun " + " ".join(cmd[3:]), flush=True)
         env = dict(os.environ, PYTHONUNBUFFERED="1", TMPDIR=tmp, PYTHONPATH=pythonpath(), **env_devices)
@@ -99,7 +101,7 @@ def run_cli(source: str, nproc: int = 2, backend: str = "auto", timeout: float |
                 found = _stacks_at_timeout(streams, tmp, nproc)
                 output.end_all()
                 raise WorkerTimeout(timeout, sorted(found) or list(range(nproc)), output.last,
-                                    {r: stacks.readable(text) for r, text in found.items()})
+                                    {r: stacks.readable(text, as_cell) for r, text in found.items()})
             code = procs.exit_code(proc)
         if code != 0:
             raise LaunchError(f"torchrun exited with code {code}{signal_name(code)}; its report is above")

@@ -40,8 +40,11 @@ def _threads(dump: str) -> list[tuple[str, list[tuple[str, int, str]]]]:
     return threads
 
 
-def readable(dump: str) -> str:
-    """faulthandler's text -> a traceback-like listing of the threads that run code other than ours."""
+def readable(dump: str, rename: dict[str, tuple[str, int]] | None = None) -> str:
+    """faulthandler's text -> a traceback-like listing of the threads that run code other than ours.
+
+    rename maps a file to (the name to show, lines to subtract): the --cli script is shown as the cell.
+    """
     shown = []
     for thread_id, frames in _threads(dump):
         frames = [f for f in frames if not _ours(f[0])]
@@ -49,8 +52,9 @@ def readable(dump: str) -> str:
             continue  # the launcher's watchdog, or a thread of ours with nothing of the student's on it
         lines = []
         for filename, lineno, name in reversed(frames):  # faulthandler lists the most recent call first
-            lines.append(f'  File "{filename}", line {lineno}, in {name}')
             source = linecache.getline(filename, lineno).strip()
+            shown_as, offset = (rename or {}).get(filename, (filename, 0))
+            lines.append(f'  File "{shown_as}", line {lineno - offset}, in {name}')
             if source:
                 lines.append(f"    {source}")
         shown.append((thread_id, lines))
