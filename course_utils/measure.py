@@ -248,9 +248,12 @@ def count_syncs(cpu_as_device: bool | None = None) -> Iterator[SyncCount]:
     Each counted call counts once (print(t) on a CUDA tensor makes many syncs inside; `debug_syncs` has the
     raw number of debug-mode reports). A report belongs to a counted call when it arrives while that call
     runs, or, for a read op counted by the dispatch mode (torch.nonzero, t[t > 0], torch.unique, ...),
-    before the Python call around that op returns: C++ passes the warning on to Python only then. Reads inside the Python code of other torch functions are seen as the operators they run.
+    before the Python call around that op returns: C++ passes the warning on to Python only then.
+    Reads inside the Python code of other torch functions are seen as the operators they run.
     `torch.cuda.synchronize()` and `Event.synchronize()` are waits you wrote yourself: they are not
     counted (set_sync_debug_mode does not report them either); time them instead.
+    Nor is the wait no counter can see: the first launch of a kernel in a process loads it (lazy module
+    loading) and can wait for the GPU; only a clock shows it (lesson 01).
 
     cpu_as_device: count reads of CPU tensors too, as if they lived on a GPU (default: True when CUDA is
     unavailable, so a CPU-only machine finds the same sync points). Tensors that came from `.cpu()` inside

@@ -271,14 +271,39 @@ def test_notebook_code_is_in_the_notebook(notebook):
         assert old not in code, old
     assert 'Recorder("01_host_and_device")' in code
     for shown in ("def launch_vs_finish", "def sync_stalls", "def timing_methods", "def run_faulty",
-                  "def slow_train_step", "CUDA_LAUNCH_BLOCKING", "set_sync_debug_mode", "count_syncs()"):
+                  "def first_launches", "def slow_train_step", "CUDA_LAUNCH_BLOCKING", "CUDA_MODULE_LOADING",
+                  "set_sync_debug_mode", "count_syncs()"):
         assert shown in code, shown
     assert not (ROOT / "course_utils" / "host_device.py").exists()
     assert not any(c.get("outputs") for c in cells), "strip the outputs: .venv/bin/nbstripout " + str(NOTEBOOK)
 
 
-RECORDED_KEYS = ("launch", "timeline", "stalls", "debug_error", "program", "timing", "async_error", "creation",
-                 "train", "train_fast")
+def _child_program(nb, name):
+    """A child-process program the notebook keeps in a string (FAULTY, FIRST_LAUNCH), placeholder unfilled."""
+    ns: dict = {}
+    src = next("".join(c["source"]) for c in _code_cells(nb) if "".join(c["source"]).startswith(f"{name} = "))
+    exec(compile(src.split("\n\n\ndef ")[0], name, "exec"), ns)
+    compile(ns[name].replace("CYCLES", "1000"), name, "exec")
+    return ns[name]
+
+
+def test_child_programs_warm_up_before_what_they_show(notebook):
+    faulty = _child_program(notebook, "FAULTY")
+    # Every kernel of the faulty part runs once on valid rows before it: a first launch would wait for the GPU
+    # (lazy loading), and the error would surface at `scaled = rows * 2` instead of at the read.
+    order = [faulty.index(s) for s in ("valid = torch.tensor([3, 7, 99]", "(table[valid] * 2).sum().item()",
+                                       "torch.cuda._sleep(CYCLES)", "rows = table[ids]", "scaled = rows * 2")]
+    assert order == sorted(order), order
+    first = _child_program(notebook, "FIRST_LAUNCH")
+    # mul runs nowhere before the timed launch; the sleep kernel is loaded while the GPU is idle
+    assert first.count("torch.mul(") == 1 and "x *" not in first and "mul" not in first.split("for launch")[0]
+    order = [first.index(s) for s in ("torch.cuda._sleep(1000)", "torch.cuda.synchronize()", "for launch",
+                                      "torch.cuda._sleep(CYCLES)", "t0 = time.perf_counter()", "torch.mul(")]
+    assert order == sorted(order), order
+
+
+RECORDED_KEYS = ("launch", "timeline", "stalls", "debug_error", "first_launch", "program", "timing", "async_error",
+                 "creation", "train", "train_fast")
 
 
 def test_recording_if_made_holds_what_the_notebook_shows():
@@ -293,6 +318,8 @@ def test_recording_if_made_holds_what_the_notebook_shows():
     rows = {r["call"]: r for r in rec.data["stalls"]["rows"]}
     assert rows["t[0].item()"]["syncs"] == 1 and rows["t * 2"]["syncs"] == 0
     assert rec.data["train"]["slow_train_step"]["syncs_per_step"] == 3
+    lazy, eager = rec.data["first_launch"]
+    assert lazy["first_ms"] > 0.7 * lazy["busy_ms"] and eager["first_ms"] < 0.25 * eager["busy_ms"], (lazy, eager)
 
 
 # ============================================================================ GPU: the notebook's own cells
@@ -347,6 +374,17 @@ def test_gpu_sync_points_wait_and_are_counted(notebook):
         assert rows[call]["syncs"] == 1, rows[call]
     assert rows["print(t)"]["debug_syncs"] > 1
     assert rows["torch.cuda.synchronize()"]["syncs"] == 0 and rows["torch.cuda.synchronize()"]["debug_syncs"] == 0
+
+
+@pytest.mark.gpu
+def test_gpu_first_launch_of_a_kernel_waits_for_the_gpu_unless_eager(notebook):
+    ns = _run_notebook_cells(notebook, ["def first_launches"])
+    lazy, eager = ns["launches"]
+    print(lazy, eager, sep="\n")
+    busy = lazy["busy_ms"]
+    assert lazy["loading"] == "LAZY" and eager["loading"] == "EAGER"
+    assert lazy["first_ms"] > 0.7 * busy and lazy["second_ms"] < 0.1 * busy, lazy  # H100: 50.1 ms of 50, 0.08 ms
+    assert eager["first_ms"] < 0.25 * busy and eager["second_ms"] < 0.1 * busy, eager  # H100: 0.2 ms
 
 
 @pytest.mark.gpu
