@@ -254,3 +254,17 @@ def test_grade_answers_helper_grades_through_the_grader():
         got = grade_answers(MASTER, {"ex99_add": wrong, "ex99_mean": None}, grader=g).by_id()
     assert got["ex99_add"].status == "failed" and "saw -1" in got["ex99_add"].message
     assert got["ex99_mean"].status == "passed"
+
+
+def test_gpu_pool_hands_out_whole_gpus():
+    pool = grader_module.GpuPool(("0", "1", "2"))
+    a = pool.take(2)
+    assert a == "0,1"
+    got = []
+    waiter = threading.Thread(target=lambda: got.append(pool.take(2)))
+    waiter.start()
+    time.sleep(0.2)
+    assert got == []  # one GPU free: a two-GPU job waits
+    pool.give(a)
+    waiter.join(5)
+    assert len(got[0].split(",")) == 2 and set(got[0].split(",")) <= {"0", "1", "2"}

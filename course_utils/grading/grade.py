@@ -130,3 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.junit:
         write_junit(grades, args.junit)
     return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -10,7 +10,6 @@ See grade.py (the command) for the rules and the README's instructor section for
 from __future__ import annotations
 
 import os
-import queue
 import re
 import sys
 import threading
@@ -78,6 +77,26 @@ def _clean(text: str, limit: int = 4000) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
+class GpuPool:
+    """GPU ids handed out whole: a job holds its GPUs alone until it gives them back (others wait their turn)."""
+
+    def __init__(self, ids: tuple[str, ...] | list[str]):
+        self._free = list(ids)
+        self._cond = threading.Condition()
+
+    def take(self, n: int = 1) -> str:
+        """Wait for `n` free GPUs and take them; returns their CUDA_VISIBLE_DEVICES value ("0" or "2,3")."""
+        with self._cond:
+            self._cond.wait_for(lambda: len(self._free) >= n)
+            taken, self._free = self._free[:n], self._free[n:]
+            return ",".join(taken)
+
+    def give(self, devices: str) -> None:
+        with self._cond:
+            self._free += [d for d in devices.split(",") if d]
+            self._cond.notify_all()
+
+
 @dataclass
 class _Submission:
     path: Path
@@ -111,9 +130,7 @@ class Grader:
         self.server = ProbeServer(tuple(self.options.checks_modules))
         try:
             gpus = self.options.gpus if self.options.gpus is not None else visible_gpus()
-            self.gpus: queue.Queue[str] = queue.Queue()
-            for gpu in gpus:
-                self.gpus.put(gpu)
+            self.gpus = GpuPool(gpus)
             self.n_gpus = len(gpus)
             self.masters: dict[Path, assemble.Master] = {}
             self._guard: FileGuard | None = None
@@ -273,9 +290,11 @@ class Grader:
                             "must register an Exercise for it (or pass its module with --checks-module)")
         except Exception as e:
             return FAILED, f"the checks module of {ex.grade_id!r} failed to import ({type(e).__name__}: {e})"
-        gpu_needed = check.needs_gpu and self.n_gpus > 0
+        n_gpus = max(1, int(getattr(check, "n_gpus", 1)))  # an exercise may declare that it needs several
+        gpu_needed = check.needs_gpu and self.n_gpus >= n_gpus
         if check.needs_gpu and not gpu_needed and not check.cpu_part:
-            return self._skip(ex.grade_id, "needs a GPU; not graded on this machine")
+            return self._skip(ex.grade_id, "needs a GPU; not graded on this machine" if n_gpus == 1 else
+                              f"needs {n_gpus} GPUs; this machine has {self.n_gpus}")
         try:
             inputs = checks.plain({**check.inputs(), "gpu": gpu_needed})
         except Exception as e:
@@ -285,14 +304,14 @@ class Grader:
         limit = min(check.timeout_s, self.options.cell_timeout, left)
         if limit <= 0:
             return FAILED, f"not run: the submission's time limit of {self.options.timeout:g} s was used up"
-        gpu = self.gpus.get() if gpu_needed else ""
+        gpu = self.gpus.take(n_gpus) if gpu_needed else ""
         try:
             outcome = run_probe(self.server, assemble.program(sub.master, ex, sub.regions), ex.grade_id,
                                 checks.to_bytes(inputs), cuda_visible_devices=gpu, timeout=limit,
                                 landlock=self.landlock, hide=self._hidden)
         finally:
             if gpu_needed:
-                self.gpus.put(gpu)
+                self.gpus.give(gpu)
             changed = self._restore()
         if changed:
             note = f"files changed while {ex.grade_id} was graded were put back: {'; '.join(changed)[:1000]}"
@@ -327,7 +346,7 @@ class Grader:
         env = dict(os.environ)
         paths = [str(Path(s).resolve().parent) for s in self.options.checks_modules if s.endswith(".py") or os.sep in s]
         env["PYTHONPATH"] = os.pathsep.join(paths + [p for p in [env.get("PYTHONPATH", "")] if p])
-        gpu = self.gpus.get() if self.n_gpus else ""
+        gpu = self.gpus.take(1) if self.n_gpus else ""
         env["CUDA_VISIBLE_DEVICES"] = gpu
         kernel = nb.metadata.get("kernelspec", {}).get("name") or "python3"
         try:
@@ -340,7 +359,7 @@ class Grader:
             sub.grade.notes.append(_clean(f"feedback run failed: {type(e).__name__}: {e}", 300))
         finally:
             if self.n_gpus:
-                self.gpus.put(gpu)
+                self.gpus.give(gpu)
             changed = self._restore()
         if changed:
             sub.grade.notes.append(f"files changed by the feedback run were put back: {'; '.join(changed)[:1000]}")
