@@ -74,7 +74,8 @@ class ProbeServer:
         try:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "course_utils.grading.probe_server", str(theirs.fileno())],
-                pass_fds=(theirs.fileno(),), env=env, stdin=subprocess.DEVNULL, start_new_session=True)
+                pass_fds=(theirs.fileno(),), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                start_new_session=True)
         finally:
             theirs.close()
         self.sock = ours
