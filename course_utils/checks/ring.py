@@ -189,6 +189,9 @@ class _Tracked:
         return getattr(self._work, name)
 
 
+_INHERITED = object()
+
+
 class P2PWatch:
     """Inside one rank: collectives raise, point-to-point messages are logged, in-flight buffers are watched.
 
@@ -235,8 +238,11 @@ class P2PWatch:
         return entry
 
     def _patch(self, owner: Any, name: str, new: Any) -> None:
-        if name in getattr(owner, "__dict__", {}) or hasattr(owner, name):
-            self._saved.append((owner, name, getattr(owner, name)))
+        # Keep the raw attribute (a pybind method's descriptor, not the function getattr returns), or note that it
+        # was inherited, so that __exit__ puts back exactly what was there.
+        own = vars(owner)
+        if name in own or hasattr(owner, name):
+            self._saved.append((owner, name, own[name] if name in own else _INHERITED))
             setattr(owner, name, new)
 
     def __enter__(self) -> P2PWatch:
@@ -296,7 +302,10 @@ class P2PWatch:
 
     def __exit__(self, *exc: object) -> None:
         for owner, name, old in reversed(self._saved):
-            setattr(owner, name, old)
+            if old is _INHERITED:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, old)
         self._saved.clear()
 
 
@@ -308,25 +317,21 @@ def _describe(value: Any) -> str:
     return "None" if value is None else f"a {type(value).__qualname__}"
 
 
-def rank_main(blob: bytes, cases: list[dict]) -> list[dict]:
-    """One rank of the check: unpickle the answer under the watch, call it on each case, return plain data."""
+def rank_main(blob: bytes, case: dict) -> dict:
+    """One rank of the check: unpickle the answer under the watch, call it on this rank's tensor, return plain data."""
     import cloudpickle
     import torch
     import torch.distributed as dist
 
     rank = dist.get_rank()
-    out = []
     with P2PWatch() as watch:
         answer = cloudpickle.loads(blob)  # after the patches: names it imported resolve to the guarded ones
-        for case in cases:
-            tensor = case["values"][rank].clone()
-            watch.begin(tensor)
-            returned = answer(tensor)
-            out.append({"result": tensor.detach().clone(), "returned": _describe(returned),
-                        "returned_the_sum": bool(isinstance(returned, torch.Tensor) and returned is not tensor
-                                                 and returned.shape == tensor.shape),
-                        "sends": watch.sends, "recvs": watch.recvs, "hazards": watch.hazards})
-    return out
+        tensor = case["values"][rank].clone()
+        watch.begin(tensor)
+        returned = answer(tensor)
+        return {"result": tensor.detach().clone(), "returned": _describe(returned),
+                "returned_a_tensor": bool(isinstance(returned, torch.Tensor) and returned is not tensor),
+                "sends": watch.sends, "recvs": watch.recvs, "hazards": watch.hazards}
 
 
 def _first_line(err: BaseException) -> str:
@@ -340,7 +345,7 @@ def _tail(text: str, lines: int = 6) -> str:
 
 
 def ring_probe(answer: Any, inputs: dict) -> dict:
-    """Run the answer on gloo ranks at each world size (stopping at the first failure); plain data back.
+    """Run the answer on gloo ranks at each world size, one call per tensor, stopping at the first error or hang.
 
     The ranks' output is kept (not shown) and its tail goes into a failure's message."""
     import io
@@ -353,13 +358,14 @@ def ring_probe(answer: Any, inputs: dict) -> dict:
     worlds = []
     for world in inputs["worlds"]:
         n = world["world_size"]
-        record: dict[str, Any] = {"world_size": n, "outcome": "ok"}
+        record: dict[str, Any] = {"world_size": n, "outcome": "ok", "cases": []}
         output = io.StringIO()
         with contextlib.redirect_stdout(output), contextlib.redirect_stderr(output):
             pool = launch.Pool(n, backend="gloo", timeout=inputs["start_timeout_s"])  # a failure here is the check's
             try:
-                ranks = pool.run(rank_main, blob, world["cases"], timeout=inputs["call_timeout_s"])
-                record["ranks"] = [ranks[r] for r in range(n)]
+                for case in world["cases"]:
+                    ranks = pool.run(rank_main, blob, case, timeout=inputs["call_timeout_s"])
+                    record["cases"].append([ranks[r] for r in range(n)])
             except launch.WorkerTimeout:
                 record["outcome"] = "timeout"
                 record["message"] = f"ranks still running after {inputs['call_timeout_s']:g} s"
@@ -377,13 +383,13 @@ def ring_probe(answer: Any, inputs: dict) -> dict:
     return {"worlds": worlds}
 
 
-def _values_verdict(n: int, case: dict, ranks: list[dict], index: int) -> None:
+def _values_verdict(n: int, case: dict, ranks: list[dict]) -> None:
     import torch
 
     want = case["values"].sum(0)  # small integers: exact in float32 and float64
     where = f"at world size {n}, numel {case['numel']}, {case['dtype']}"
     for r, rank in enumerate(ranks):
-        got = rank[index]["result"]
+        got = rank["result"]
         ok = type(got) is torch.Tensor and got.dtype == want.dtype and got.shape == want.shape
         expect(ok, EX_RING, f"the tensor to keep its dtype and shape {where}",
                f"rank {r}: {got.dtype if type(got) is torch.Tensor else type(got).__name__}, "
@@ -391,25 +397,25 @@ def _values_verdict(n: int, case: dict, ranks: list[dict], index: int) -> None:
         wrong = (got != want).nonzero().flatten().tolist()
         if not wrong:
             continue
-        first = wrong[0]
-        mine = case["values"][r]
+        first, mine = wrong[0], case["values"][r]
+        untouched = bool(torch.equal(got, mine))
         hint = ("the sum must end up in `tensor` itself (in place); your function returned a new tensor instead"
-                if rank[index]["returned_the_sum"] and not bool(torch.equal(got, want)) and bool(torch.equal(got, mine))
-                else "which chunk does each rank send and receive at step s of each phase, what happens to a "
-                     "received chunk, and where do the last numel % n elements go?")
+                if rank["returned_a_tensor"] is True and untouched else
+                "which chunk does each rank send and receive at step s of each phase, what happens to a received "
+                "chunk, and where do the last numel % n elements go?")
         expect(False, EX_RING, f"every rank to hold the element-wise sum over the ranks {where}",
                f"rank {r}: {len(wrong)} of {case['numel']} elements wrong, e.g. element {first} is "
                f"{got[first].item():g} where the sum is {want[first].item():g} (this rank's own value: "
                f"{mine[first].item():g})", hint)
 
 
-def _traffic_verdict(n: int, case: dict, ranks: list[dict], index: int) -> None:
+def _traffic_verdict(n: int, case: dict, ranks: list[dict]) -> None:
     itemsize = case["values"].element_size()
     chunk = -(-case["numel"] // n)
     limit = 2 * (n - 1) * chunk * itemsize
     for r, rank in enumerate(ranks):
         neighbours = {(r + 1) % n, (r - 1) % n}
-        sends, recvs = rank[index]["sends"], rank[index]["recvs"]
+        sends, recvs = rank["sends"], rank["recvs"]
         peers = sorted({p for p, _ in sends} | {p for p, _ in recvs}, key=str)
         expect(all(p in neighbours for p in peers), EX_RING,
                f"a ring: rank {r} exchanges messages only with its neighbours {sorted(neighbours)} at world size {n}",
@@ -421,39 +427,46 @@ def _traffic_verdict(n: int, case: dict, ranks: list[dict], index: int) -> None:
                "does each step send one chunk, or the whole tensor?")
 
 
+def _case_verdict(n: int, case: dict, ranks: Any) -> None:
+    expect(type(ranks) is list and len(ranks) == n and all(type(r) is dict for r in ranks), EX_RING,
+           f"results from {n} ranks at world size {n}", type(ranks).__name__)
+    for r, rank in enumerate(ranks):
+        hazards = rank.get("hazards")
+        expect(type(hazards) is list and not hazards, EX_RING,
+               f"no buffer received into while a send still reads it (world size {n}, numel {case['numel']})",
+               f"rank {r}: {hazards[0] if hazards else hazards}",
+               "until a send's work is waited for, its data may not have left: where else could the incoming "
+               "chunk go?")
+    _values_verdict(n, case, ranks)
+    _traffic_verdict(n, case, ranks)
+
+
 def ring_judge(inputs: dict, data: dict) -> str:
     worlds = data.get("worlds")
     expect(type(worlds) is list and len(worlds) >= 1, EX_RING, "a run at each world size",
            type(worlds).__name__ if type(worlds) is not list else "none")
     for world, record in zip(inputs["worlds"], worlds, strict=False):
         n = world["world_size"]
-        expect(record.get("world_size") == n, EX_RING, f"a run at world size {n}", record.get("world_size"))
-        outcome = record.get("outcome")
+        expect(type(record) is dict and record.get("world_size") == n, EX_RING, f"a run at world size {n}",
+               record.get("world_size") if type(record) is dict else record)
+        done = record.get("cases")
+        expect(type(done) is list and len(done) <= len(world["cases"]), EX_RING, f"results at world size {n}",
+               type(done).__name__)
+        for case, ranks in zip(world["cases"], done, strict=False):  # what finished, before what went wrong
+            _case_verdict(n, case, ranks)
+        outcome, message = record.get("outcome"), str(record.get("message"))
         expect(outcome != "timeout", EX_RING,
                f"every rank to finish within {inputs['call_timeout_s']:g} s at world size {n}",
-               f"{record.get('message', '')}: the check stopped them",
+               f"{message}: the check stopped them",
                "which call does each rank block in first, and who is meant to match it? If every rank sends "
                "before it receives, who is receiving?")
-        message = str(record.get("message"))
         expect(outcome == "ok", EX_RING, f"ring_all_reduce to run without an error at world size {n}", message,
                "only point-to-point calls are available here" if NOT_ALLOWED in message else
                "a receive must be exactly as large as the send it matches" if "size" in message else "")
-        ranks = record.get("ranks")
-        expect(type(ranks) is list and len(ranks) == n and all(type(r) is list and len(r) == len(world["cases"])
-                                                                  for r in ranks),
-               EX_RING, f"results from {n} ranks at world size {n}", type(ranks).__name__)
-        for i, case in enumerate(world["cases"]):
-            for r, rank in enumerate(ranks):
-                hazards = rank[i]["hazards"]
-                expect(not hazards, EX_RING,
-                       f"no buffer received into while a send still reads it (world size {n}, numel {case['numel']})",
-                       f"rank {r}: {hazards[0] if hazards else ''}",
-                       "until a send's work is waited for, the data may not have left: where else could the "
-                       "incoming chunk go?")
-            _values_verdict(n, case, ranks, i)
-            _traffic_verdict(n, case, ranks, i)
+        expect(len(done) == len(world["cases"]), EX_RING, f"{len(world['cases'])} results at world size {n}",
+               len(done))
     expect(len(worlds) == len(inputs["worlds"]), EX_RING, f"runs at world sizes {list(WORLD_SIZES)}",
-           [w.get("world_size") for w in worlds])
+           [w.get("world_size") if type(w) is dict else w for w in worlds])
     n_cases = sum(len(w["cases"]) for w in inputs["worlds"])
     numels = sorted({c["numel"] for w in inputs["worlds"] for c in w["cases"]})
     return (f"world sizes {', '.join(str(n) for n in WORLD_SIZES)}: {n_cases} tensors of {numels[0]} to "
