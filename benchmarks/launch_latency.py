@@ -8,6 +8,10 @@
    same job as a script. The two alternate, so both see the same machine load. Target: ratio <= 0.6.
 2. Warm Pool round trip: Pool(4).run(fn) where fn all_reduces a small tensor and returns it. Target: median
    under 50 ms on the 2-core CPU machine.
+3. Result throughput: each of 2 ranks of a warm Pool returns a 256 MiB float32 tensor it already holds (on its
+   GPU with NCCL), so the time is pickling, the pipes and unpickling in the notebook's process. Compared with
+   pickling and unpickling the same 2 x 256 MiB here with plain pickle (torch's own tensor pickling), best of
+   3 each. Goal: under 3x.
 Every figure printed comes from this run.
 """
 
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import pickle
 import platform
 import statistics
 import subprocess
@@ -74,6 +79,8 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=50, help="timed warm Pool calls (default 50)")
     parser.add_argument("--cold-nproc", type=int, default=2)
     parser.add_argument("--pool-nproc", type=int, default=4)
+    parser.add_argument("--result-mib", type=int, default=256, help="MiB each rank returns (default 256)")
+    parser.add_argument("--result-repeats", type=int, default=3)
     args = parser.parse_args()
     pool_nproc = args.pool_nproc
     if args.backend == "nccl":
@@ -121,6 +128,38 @@ def main() -> None:
           f"{started:.2f} s):")
     print(f"  median {median:.1f} ms   p10 {ms[len(ms) // 10]:.1f} ms   p90 {ms[(9 * len(ms)) // 10]:.1f} ms   "
           f"max {ms[-1]:.1f} ms   (target median < 50 ms: {'met' if median < 50 else 'NOT met'})")
+
+    result_throughput(args.backend, args.result_mib, args.result_repeats)
+
+
+def result_throughput(backend: str, mib: int, repeats: int) -> None:
+    """Line 3: 2 ranks x `mib` MiB back to the notebook, against pickle + unpickle of the same data here."""
+    total_mb = 2 * mib * 2**20 / 1e6
+    with launch.Pool(2, backend=backend) as pool:
+        device = "f'cuda:{torch.cuda.current_device()}'" if backend == "nccl" else "'cpu'"
+        pool.exec(f"big = torch.full(({mib} << 18,), float(dist.get_rank() + 1), device={device})")
+        sent = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            results = pool.exec("big")
+            sent.append(time.perf_counter() - start)
+            assert [r.numel() * 4 for r in results.values()] == [mib << 20] * 2 and results[1][-1].item() == 2.0
+            del results
+    local_tensors = [torch.full((mib << 18,), float(r + 1)) for r in range(2)]
+    local = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for t in local_tensors:
+            pickle.loads(pickle.dumps(t, protocol=pickle.HIGHEST_PROTOCOL))
+        local.append(time.perf_counter() - start)
+    ours, theirs = min(sent), min(local)
+    ratio = ours / theirs
+    print(f"\nresult throughput, 2 ranks x {mib} MiB float32 ({backend}; best of {repeats}):")
+    print(f"  back from the ranks       {ours:6.2f} s   {total_mb / ours:7.0f} MB/s   runs "
+          f"{', '.join(f'{t:.2f}' for t in sent)}")
+    print(f"  pickle+unpickle here      {theirs:6.2f} s   {total_mb / theirs:7.0f} MB/s   runs "
+          f"{', '.join(f'{t:.2f}' for t in local)}")
+    print(f"  ratio ranks/local = {ratio:.2f}   (goal < 3: {'met' if ratio < 3 else 'NOT met'})")
 
 
 if __name__ == "__main__":

@@ -72,7 +72,7 @@ def test_nothing_the_parent_unpickles_initialises_cuda():
         import pickle, subprocess, sys
         import torch
         from course_utils import launch
-        from course_utils.launch.pickling import loads_on_cpu
+        from course_utils.launch.pickling import loads_pickle_on_cpu
 
         def returns_cuda():
             return {"t": torch.arange(4.0, device="cuda"), "p": torch.nn.Parameter(torch.ones(2, device="cuda"))}
@@ -93,7 +93,7 @@ def test_nothing_the_parent_unpickles_initialises_cuda():
         raw = subprocess.run([sys.executable, "-c", "import pickle, sys, torch; "
                               "sys.stdout.buffer.write(pickle.dumps(ValueError(torch.ones(2, device='cuda'))))"],
                              capture_output=True, check=True).stdout
-        back = loads_on_cpu(raw)
+        back = loads_pickle_on_cpu(raw)
         assert back.args[0].device.type == "cpu" and back.args[0].tolist() == [1.0, 1.0]
         print("cuda initialised in the parent:", torch.cuda.is_initialized())
     """)

@@ -95,6 +95,33 @@ def test_the_worker_side_reads_frames_from_a_blocking_pipe():
     os.close(r)
 
 
+def test_received_tensors_share_the_frame_and_are_aligned():
+    """Tensor bytes travel beside the pickle stream: the tensors that come out use the received buffer itself
+    (no copy after the pipe), at aligned addresses."""
+    import ctypes
+
+    sent = {"a": torch.arange(1001, dtype=torch.float64), "b": torch.ones(3, dtype=torch.complex128),
+            "c": torch.tensor([1, 2, 3], dtype=torch.int8), "d": torch.arange(7.0)}
+    r, w = os.pipe()
+    writer = threading.Thread(target=lambda: (transport.write_frame(w, ("ok", 1), pickling.dumps_on_cpu(sent)),
+                                              os.close(w)))
+    writer.start()
+    reader = transport.FrameReader()
+    frames = []
+    while not frames:
+        frames, _ = reader.read_some(r)
+    writer.join()
+    os.close(r)
+    meta, payload = frames[0]
+    got = pickling.loads_on_cpu(payload)
+    assert meta == ("ok", 1) and all(torch.equal(got[k], v) for k, v in sent.items())
+    body = payload.obj  # the bytearray the frame arrived in
+    start = ctypes.addressof((ctypes.c_char * len(body)).from_buffer(body))
+    for t in got.values():
+        assert start <= t.data_ptr() < start + len(body)  # inside the received buffer: not copied out of it
+        assert t.data_ptr() % pickling.ALIGN == 0
+
+
 BIG = cell_function("""
     import torch
     import torch.distributed as dist
@@ -159,7 +186,7 @@ def test_storages_saved_on_a_gpu_unpickle_onto_the_cpu(monkeypatch):
     if not torch.cuda.is_available():  # plain pickle would rebuild them on the GPU: here, it cannot
         with pytest.raises(RuntimeError, match="CUDA"):
             pickle.loads(data)
-    out = pickling.loads_on_cpu(data)
+    out = pickling.loads_pickle_on_cpu(data)
     assert out["t"].device.type == "cpu" and torch.equal(out["t"], t)
     assert isinstance(out["err"], ValueError) and torch.equal(out["err"].args[0], t)
     assert not torch.cuda.is_initialized()
@@ -293,4 +320,4 @@ def test_a_faulthandler_dump_reads_like_a_traceback_of_the_students_code():
 
 def test_a_cpu_unpickler_file_reads_like_bytesio():
     data = pickle.dumps({"a": list(range(1000)), "b": b"x" * 100000}, protocol=0)  # protocol 0 uses readline
-    assert pickling.loads_on_cpu(data) == pickle.load(io.BytesIO(data))
+    assert pickling.loads_pickle_on_cpu(data) == pickle.load(io.BytesIO(data))

@@ -10,22 +10,69 @@
 
 from __future__ import annotations
 
+import functools
 import io
 import linecache
 import os
 import pickle
+import struct
 from collections.abc import Callable
 from typing import Any
 
-# ---- tensor data: one copy each way ------------------------------------------------------------------
+ALIGN = 16  # tensor data lands at offsets that are multiples of this (transport.py aligns the payload too)
+
+# ---- the blob: a pickle stream with the tensors' bytes beside it ---------------------------------------
+# Protocol 5 hands each tensor's bytes to a callback instead of copying them into the stream ("out of
+# band"), so they are written to the pipe straight from the tensor's memory, and the receiving side's
+# tensors share the buffer the bytes arrived in: no copy at either end but the kernel's.
+#   [count: u32][length: u64] * count, padded to ALIGN; the stream; each buffer, padded to ALIGN
+
+
+def _padding(n: int) -> int:
+    return -n % ALIGN
+
+
+def _pack(pickler_class: type, obj: Any) -> list[memoryview]:
+    buffers: list[pickle.PickleBuffer] = []
+    stream = io.BytesIO()
+    pickler_class(stream, protocol=5, buffer_callback=buffers.append).dump(obj)
+    parts = [memoryview(stream.getvalue())] + [b.raw() for b in buffers]
+    head = struct.pack(f">I{len(parts)}Q", len(parts), *map(len, parts))
+    out = [memoryview(head + bytes(_padding(len(head))))]
+    for part in parts:
+        out.append(part)
+        if _padding(len(part)):
+            out.append(memoryview(bytes(_padding(len(part)))))
+    return out
+
+
+def _unpack(blob: bytes | bytearray | memoryview) -> tuple[memoryview, list[memoryview]]:
+    view = memoryview(blob).cast("B")
+    (count,) = struct.unpack_from(">I", view)
+    lengths = struct.unpack_from(f">{count}Q", view, 4)
+    pos, parts = 4 + 8 * count, []
+    pos += _padding(pos)
+    for length in lengths:
+        parts.append(view[pos:pos + length])
+        pos += length + _padding(length)
+    return parts[0], parts[1:]
+
+
+def loads_on_cpu(blob: bytes | bytearray | memoryview) -> Any:
+    """Unpickle what dumps_call/dumps_code/dumps_on_cpu made, with every tensor on the CPU (the parent's
+    side: results and exceptions; the worker's side: calls)."""
+    stream, buffers = _unpack(blob)
+    return CPUUnpickler(_ViewReader(stream), buffers=buffers).load()
+
+
+# ---- tensor data ----------------------------------------------------------------------------------------
 
 
 def _storage_reduction(obj: Any):
     """A CPU TypedStorage (what a pickled tensor holds) as its raw bytes, or None for anything else.
 
     torch pickles a storage by running torch.save into a bytes object and pickling that: two extra copies
-    each way. Its bytes as a PickleBuffer go into the pickle in one copy and come back as a bytearray the
-    storage then shares, so tensors travel at about memory-copy speed.
+    each way. As a PickleBuffer its bytes go out of band (see above) and come back shared, not copied.
     """
     import torch
 
@@ -34,15 +81,49 @@ def _storage_reduction(obj: Any):
     raw = obj._untyped_storage  # (TypedStorage.device would warn that TypedStorage is deprecated)
     if raw.device.type != "cpu":
         return None
-    data = torch.empty(0, dtype=torch.uint8).set_(raw).numpy() if raw.nbytes() else b""
+    data = torch.empty(0, dtype=torch.uint8).set_(raw).numpy() if raw.nbytes() else bytearray()
     return _typed_storage_from_bytes, (pickle.PickleBuffer(data), obj.dtype)
 
 
-def _typed_storage_from_bytes(data: bytearray | bytes, dtype):
+def _typed_storage_from_bytes(data: bytearray | bytes | memoryview, dtype):
     import torch
 
-    raw = torch.frombuffer(data, dtype=torch.uint8).untyped_storage() if len(data) else torch.UntypedStorage(0)
+    if not len(data):
+        raw = torch.UntypedStorage(0)
+    else:
+        if memoryview(data).readonly:  # a tensor must own writable memory
+            data = bytearray(data)
+        flat = torch.frombuffer(data, dtype=torch.uint8)
+        if flat.data_ptr() % ALIGN:  # received at an odd place (never by our framing): give it aligned memory
+            flat = flat.clone()
+        raw = flat.untyped_storage()
     return torch.storage.TypedStorage(wrap_storage=raw, dtype=dtype, _internal=True)
+
+
+@functools.cache
+def _picklers() -> tuple[type, type]:
+    """(the Pickler for calls, the Pickler for results and exceptions); made once, torch imported lazily."""
+    import cloudpickle
+    import torch
+
+    class CallPickler(cloudpickle.Pickler):
+        def reducer_override(self, obj):
+            if isinstance(obj, (torch.Tensor, torch.UntypedStorage)) and obj.device.type != "cpu":
+                raise _DeviceTensor(obj.device)
+            return _storage_reduction(obj) or super().reducer_override(obj)
+
+    class CPUPickler(cloudpickle.Pickler):
+        def reducer_override(self, obj):
+            if isinstance(obj, torch.Tensor) and obj.device.type != "cpu":
+                cpu = obj.detach().cpu()
+                if isinstance(obj, torch.nn.Parameter):
+                    return torch.nn.Parameter, (cpu, obj.requires_grad)
+                return torch.Tensor.detach, (cpu,)
+            if isinstance(obj, torch.UntypedStorage) and obj.device.type != "cpu":
+                return torch.UntypedStorage.cpu, (obj,)
+            return _storage_reduction(obj) or super().reducer_override(obj)
+
+    return CallPickler, CPUPickler
 
 
 # ---- calls: parent -> ranks ---------------------------------------------------------------------------
@@ -54,22 +135,11 @@ class _DeviceTensor(TypeError):
         super().__init__(f"a tensor on {device}")
 
 
-def _dumps_call(obj: Any) -> bytes:
-    import cloudpickle
-    import torch
-
-    class Pickler(cloudpickle.Pickler):
-        def reducer_override(self, o):
-            if isinstance(o, (torch.Tensor, torch.UntypedStorage)) and o.device.type != "cpu":
-                raise _DeviceTensor(o.device)
-            return _storage_reduction(o) or super().reducer_override(o)
-
-    buf = io.BytesIO()
-    Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
-    return buf.getvalue()
+def _dumps_call(obj: Any) -> list[memoryview]:
+    return _pack(_picklers()[0], obj)
 
 
-def dumps_call(fn: Callable, args: tuple, kwargs: dict) -> bytes:
+def dumps_call(fn: Callable, args: tuple, kwargs: dict) -> list[memoryview]:
     """Pickle fn(*args, **kwargs) for the ranks, or say exactly which part cannot travel and why."""
     if not callable(fn):
         raise TypeError(f"fn must be callable (a function to run on every rank), got {type(fn).__name__}")
@@ -97,12 +167,12 @@ def dumps_call(fn: Callable, args: tuple, kwargs: dict) -> bytes:
                         "open files, locks or sockets inside fn.") from exc
 
 
-def dumps_code(source: str, filename: str) -> bytes:
+def dumps_code(source: str, filename: str) -> list[memoryview]:
     """Pickle a cell's source for the ranks; a syntax error is raised here, before any process starts."""
     if not isinstance(source, str):
         raise TypeError(f"source must be a string of Python code, got {type(source).__name__}")
     compile(source, filename, "exec")
-    return pickle.dumps(("code", source, filename), protocol=pickle.HIGHEST_PROTOCOL)
+    return _pack(pickle.Pickler, ("code", source, filename))
 
 
 def cell_sources(fn: Callable) -> dict[str, list[str]]:
@@ -117,25 +187,9 @@ def cell_sources(fn: Callable) -> dict[str, list[str]]:
 # ---- results and exceptions: ranks -> parent ------------------------------------------------------------
 
 
-def dumps_on_cpu(value: Any) -> bytes:
+def dumps_on_cpu(value: Any) -> list[memoryview]:
     """Pickle a result or an exception with every tensor moved to the CPU (the worker's side)."""
-    import cloudpickle
-    import torch
-
-    class CPUPickler(cloudpickle.Pickler):
-        def reducer_override(self, obj):
-            if isinstance(obj, torch.Tensor) and obj.device.type != "cpu":
-                cpu = obj.detach().cpu()
-                if isinstance(obj, torch.nn.Parameter):
-                    return torch.nn.Parameter, (cpu, obj.requires_grad)
-                return torch.Tensor.detach, (cpu,)
-            if isinstance(obj, torch.UntypedStorage) and obj.device.type != "cpu":
-                return torch.UntypedStorage.cpu, (obj,)
-            return _storage_reduction(obj) or super().reducer_override(obj)
-
-    buf = io.BytesIO()
-    CPUPickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(value)
-    return buf.getvalue()
+    return _pack(_picklers()[1], value)
 
 
 def _storage_on_cpu(data: bytes):
@@ -198,8 +252,3 @@ class _ViewReader:
                 return self.read(end + hit + 1 - self._pos)
             end += 4096
         return self.read(-1)
-
-
-def loads_on_cpu(data: bytes | bytearray | memoryview) -> Any:
-    """Unpickle what a rank sent with every tensor on the CPU (the parent's side: results and exceptions)."""
-    return CPUUnpickler(_ViewReader(memoryview(data).cast("B"))).load()

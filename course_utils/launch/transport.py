@@ -21,6 +21,7 @@ import struct
 
 HEADER = struct.Struct(">QQ")  # len(meta), len(payload)
 _READ_BUDGET = 16 << 20  # bytes one read_some() takes from a pipe before the loop looks at the others
+_ALIGN = 16  # as pickling.ALIGN: tensor data received lands on aligned addresses
 _PIPE_SIZE = 1 << 20  # the largest pipe an unprivileged Linux process may ask for (fs.pipe-max-size)
 
 
@@ -34,14 +35,20 @@ def widen_pipe(fd: int) -> None:
         pass
 
 
-def encode(meta: tuple, payload: bytes | bytearray | memoryview = b"") -> list[memoryview]:
-    """The frame's pieces, not joined: joining would copy the payload once more."""
+Payload = bytes | bytearray | memoryview | list  # one buffer, or a list of buffers sent back to back
+
+
+def encode(meta: tuple, payload: Payload = b"") -> list[memoryview]:
+    """The frame's pieces, not joined: joining would copy the payload once more. The payload may itself come
+    in pieces (a pickle stream and the tensor data beside it: pickling.dumps_on_cpu)."""
     head = pickle.dumps(meta, protocol=pickle.HIGHEST_PROTOCOL)
-    body = memoryview(payload).cast("B")
-    return [memoryview(HEADER.pack(len(head), len(body))), memoryview(head), body]
+    head += bytes(-len(head) % _ALIGN)  # the payload starts aligned (unpickling ignores bytes after the end)
+    parts = [memoryview(p).cast("B") for p in (payload if isinstance(payload, list) else [payload])]
+    size = sum(len(p) for p in parts)
+    return [memoryview(HEADER.pack(len(head), size)), memoryview(head), *parts]
 
 
-def write_frame(fd: int, meta: tuple, payload: bytes | bytearray | memoryview = b"") -> None:
+def write_frame(fd: int, meta: tuple, payload: Payload = b"") -> None:
     """Write one frame to a blocking fd (the worker's side)."""
     for part in encode(meta, payload):
         while part:
