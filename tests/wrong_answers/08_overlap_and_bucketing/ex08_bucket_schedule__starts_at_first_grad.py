@@ -1,0 +1,12 @@
+    # WRONG (a bucket starts when its first gradient is ready)
+    schedule, n, size, free = [], 0, 0, 0.0
+    first = None
+    for i, (nbytes, ready) in enumerate(grads):
+        first = ready if n == 0 else first
+        n, size = n + 1, size + nbytes
+        if size >= cap_bytes or i == len(grads) - 1:  # the bucket is full, or backward is done: close it
+            start = max(first, free)  # its last gradient is ready, and the all-reduce before it has ended
+            free = start + alpha_ms + size / (gbps * 1e6)
+            schedule.append((n, start, free))
+            n, size = 0, 0
+    return schedule
