@@ -1,0 +1,4 @@
+    ### BEGIN SOLUTION
+    # Wrong: nothing ever hangs.
+    return []
+    ### END SOLUTION
