@@ -39,15 +39,20 @@ class WorkerTimeout(LaunchError, TimeoutError):
 
     `running`: ranks still running their code; `stacks`: for each of them, where its Python code was when
     time ran out; `sending`: ranks that had returned but whose results were still on the way back;
+    `starting`: ranks that had not finished starting (importing torch, joining the process group);
     `last_output`: the last line each rank printed.
     """
 
     def __init__(self, timeout: float | None, running: list[int], last_output: dict[int, str],
-                 stacks: dict[int, str] | None = None, sending: list[int] | None = None):
+                 stacks: dict[int, str] | None = None, sending: list[int] | None = None,
+                 starting: list[int] | None = None):
         self.timeout, self.running, self.last_output = timeout, list(running), last_output
-        self.stacks, self.sending = dict(stacks or {}), list(sending or [])
+        self.stacks, self.sending, self.starting = dict(stacks or {}), list(sending or []), list(starting or [])
         limit = f"the {timeout:g} s timeout" if timeout is not None else "the timeout"
         lines = []
+        if self.starting:
+            lines.append(f"{_ranks(self.starting)} had not finished starting (importing torch, joining the process "
+                         f"group) at {limit}: a busy machine or a slow file system; pass a larger timeout.")
         if self.running:
             lines.append(f"{_ranks(self.running)} {'were' if len(self.running) > 1 else 'was'} still running after "
                          f"{limit}, so every worker was stopped.")

@@ -41,6 +41,7 @@ class _Rank:
         self.frames, self.outbox = FrameReader(), Outbox()
         self.close_after_write = False
         self.returned = 0  # the last call whose function returned (its result may still be on the way)
+        self.ready = False  # it has joined the process group
 
 
 class Group:
@@ -200,6 +201,7 @@ class Group:
             for r, meta, payload in batch:
                 kind = meta[0]
                 if kind == "ready":
+                    r.ready = True
                     if seq is None:
                         waiting.discard(r.rank)
                 elif kind == "returned":
@@ -244,13 +246,14 @@ class Group:
         """The error for a deadline: where each stuck rank was, and which ranks were only sending results."""
         late = [r for r in self.ranks if r.rank in waiting]
         sending = [r for r in late if seq is not None and (r.returned == seq or r.frames.receiving)]
-        stuck = [r for r in late if r not in sending]
+        starting = [r for r in late if not r.ready]
+        stuck = [r for r in late if r not in sending and r not in starting]
         dumps = self.dump_stacks(stuck)
         self.output.end_all()
         return WorkerTimeout(timeout, [r.rank for r in stuck], {r.rank: self.output.last.get(r.rank, "")
                                                                  for r in self.ranks},
                              {rank: stacks.readable(text) for rank, text in dumps.items()},
-                             [r.rank for r in sending])
+                             [r.rank for r in sending], [r.rank for r in starting])
 
     def dump_stacks(self, ranks: list[_Rank]) -> dict[int, str]:
         """Ask each rank for its Python stacks (SIGUSR1 -> faulthandler) and collect what they write."""
