@@ -203,9 +203,9 @@ STUCK = cell_function("""
 def test_a_hang_ends_at_the_timeout_with_each_ranks_stack_and_every_process_gone():
     before = snapshot()
     start = time.monotonic()
-    with pytest.raises(WorkerTimeout) as info:
-        launch.run(STUCK, nproc=2, backend="gloo", timeout=6)
-    assert time.monotonic() - start < 6 + group.STACK_WAIT + group.EXIT_WAIT
+    with pytest.raises(WorkerTimeout) as info:  # 15 s: ranks start in a few seconds even on a busy 2-core box
+        launch.run(STUCK, nproc=2, backend="gloo", timeout=15)
+    assert time.monotonic() - start < 15 + group.STACK_WAIT + group.EXIT_WAIT
     err = info.value
     assert err.running == [0, 1] and err.sending == [] and isinstance(err, TimeoutError)
     # where each rank was, as a traceback: the cell's line, with its source, and what it called
@@ -215,6 +215,17 @@ def test_a_hang_ends_at_the_timeout_with_each_ranks_stack_and_every_process_gone
     assert "watchdog" not in str(err) and "worker.py" not in str(err)  # the launcher's own frames are left out
     assert "where rank 0 was" in str(err) and "mismatched collectives" in str(err)
     assert err.last_output == {0: "rank 0 going in", 1: "rank 1 going in"}
+    assert_clean(before)
+
+
+@pytest.mark.timeout(60)
+def test_a_timeout_during_start_up_says_so_and_blames_no_collective():
+    before = snapshot()
+    with pytest.raises(WorkerTimeout) as info:
+        launch.run(STUCK, nproc=2, backend="gloo", timeout=0.3)  # python and torch take longer to start
+    err = info.value
+    assert err.starting == [0, 1] and err.running == [] and err.sending == []
+    assert "had not finished starting" in str(err) and "mismatched" not in str(err)
     assert_clean(before)
 
 

@@ -24,7 +24,8 @@ def remember_source(source: str, filename: str) -> None:
 
 def _ours(filename: str) -> bool:
     """Frames of the launcher, or of the machinery under it, which say nothing about the student's code."""
-    return os.path.dirname(os.path.abspath(filename)) == _LAUNCHER_DIR or "runpy" in filename
+    return (os.path.dirname(os.path.abspath(filename)) == _LAUNCHER_DIR or "runpy" in filename
+            or filename.startswith("<frozen importlib"))
 
 
 def _threads(dump: str) -> list[tuple[str, list[tuple[str, int, str]]]]:
