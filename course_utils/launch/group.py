@@ -110,7 +110,7 @@ class Group:
 
     # -- sending -------------------------------------------------------------------------------------
 
-    def send(self, payload: bytes, close: bool = False) -> int:
+    def send(self, payload: list[memoryview], close: bool = False) -> int:
         """Queue one call for every rank; close=True closes the command pipes after it (one-shot jobs)."""
         self.seq += 1
         for r in self.ranks:

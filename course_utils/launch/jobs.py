@@ -11,7 +11,7 @@ from .pickling import dumps_call, dumps_code
 from .stacks import remember_source
 
 
-def one_shot(payload: bytes, nproc: int, backend: str, gpus: bool, timeout: float | None,
+def one_shot(payload: list[memoryview], nproc: int, backend: str, gpus: bool, timeout: float | None,
              ranks: frozenset[int] | None) -> dict[int, Any]:
     """Start a group, send it one call, collect the answers, and stop it whatever happens."""
     __tracebackhide__ = True

@@ -252,3 +252,8 @@ class _ViewReader:
                 return self.read(end + hit + 1 - self._pos)
             end += 4096
         return self.read(-1)
+
+
+def loads_pickle_on_cpu(data: bytes | bytearray | memoryview) -> Any:
+    """Unpickle a plain pickle stream (as pickle.dumps makes it) with every tensor storage on the CPU."""
+    return CPUUnpickler(_ViewReader(memoryview(data).cast("B"))).load()

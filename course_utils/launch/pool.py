@@ -83,7 +83,7 @@ class Pool:
         remember_source(source, filename)
         return self._call(payload, timeout, show)
 
-    def _call(self, payload: bytes, timeout: float | None, show: frozenset[int] | None) -> dict[int, Any]:
+    def _call(self, payload: list[memoryview], timeout: float | None, show: frozenset[int] | None) -> dict[int, Any]:
         __tracebackhide__ = True
         if self._group is None:
             raise LaunchError("this Pool is closed; create a new one with Pool(nproc)")

@@ -50,7 +50,7 @@ def _die_with_parent(parent_pid: int, use_pdeathsig: bool) -> None:
     threading.Thread(target=watchdog, name="course-launch-watchdog", daemon=True).start()
 
 
-def _error_info(exc: BaseException) -> tuple[dict, bytes]:
+def _error_info(exc: BaseException) -> tuple[dict, list[memoryview]]:
     """(what the parent prints: type, message, traceback text, time) and the pickled exception, if it pickles."""
     tb = exc.__traceback__
     # Drop this module's own leading frames: the student's code is the story.
@@ -60,7 +60,7 @@ def _error_info(exc: BaseException) -> tuple[dict, bytes]:
     try:
         pickled = dumps_on_cpu(exc)  # tensors inside it travel on the CPU, like results
     except Exception:  # an exception holding unpicklable state still reports its traceback
-        pickled = b""
+        pickled = []
     return {"type": type(exc).__qualname__, "message": str(exc), "traceback": text, "time": time.time()}, pickled
 
 
