@@ -46,7 +46,9 @@ def _pack(pickler_class: type, obj: Any) -> list[memoryview]:
     return out
 
 
-def _unpack(blob: bytes | bytearray | memoryview) -> tuple[memoryview, list[memoryview]]:
+def _unpack(blob: bytes | bytearray | memoryview | list) -> tuple[memoryview, list[memoryview]]:
+    if isinstance(blob, list):  # the pieces _pack made, not yet sent anywhere (tests, local use)
+        blob = bytearray(b"".join(blob))
     view = memoryview(blob).cast("B")
     (count,) = struct.unpack_from(">I", view)
     lengths = struct.unpack_from(f">{count}Q", view, 4)
@@ -58,7 +60,7 @@ def _unpack(blob: bytes | bytearray | memoryview) -> tuple[memoryview, list[memo
     return parts[0], parts[1:]
 
 
-def loads_on_cpu(blob: bytes | bytearray | memoryview) -> Any:
+def loads_on_cpu(blob: bytes | bytearray | memoryview | list) -> Any:
     """Unpickle what dumps_call/dumps_code/dumps_on_cpu made, with every tensor on the CPU (the parent's
     side: results and exceptions; the worker's side: calls)."""
     stream, buffers = _unpack(blob)
