@@ -1,0 +1,319 @@
+"""Lesson 09 (DDP in practice): the notebook's conventions, the three judges on plain data (no ranks needed),
+the master's solutions through the real probes, and every wrong answer failing its check (all on the CPU:
+the probes start two gloo ranks)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from course_utils import checks, reference
+from course_utils.checks import ddp as c09
+from tests.exercise_cells import exercise_cells, run_cells
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOK = ROOT / "notebooks" / "09_ddp.ipynb"
+STEM = NOTEBOOK.stem
+WRONG = ROOT / "tests" / "wrong_answers" / STEM
+ACC, CKPT, DEV = "ex09_accumulate", "ex09_checkpoint", "ex09_local_device"
+ENTRIES = {ACC: "train", CKPT: "Checkpoint", DEV: "local_device"}
+
+
+@pytest.fixture(scope="module")
+def notebook() -> dict:
+    return json.loads(NOTEBOOK.read_text())
+
+
+def run_here(sources: list[str]) -> tuple[str, str | None]:
+    """Setup, solution and check cells in this process (no kernel start): the check's output and error name."""
+    ns: dict = {"__name__": "__lesson09__"}
+    out = io.StringIO()
+    for src in sources[:-1]:
+        exec(compile(src, "<cell>", "exec"), ns)
+    try:
+        with contextlib.redirect_stdout(out):
+            exec(compile(sources[-1], "<check cell>", "exec"), ns)
+    except Exception as err:  # noqa: BLE001 - the error's name is the verdict
+        return out.getvalue() + str(err), type(err).__name__
+    return out.getvalue(), None
+
+
+def wrong(ex: str) -> list[Path]:
+    return sorted(WRONG.glob(f"{ex}*.py"))
+
+
+def code_source(nb: dict) -> str:
+    return "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
+
+
+# ------------------------------------------------------------------------------ the notebook's cells
+
+
+def test_exercise_cells_follow_the_convention(notebook):
+    cells = [c for c in notebook["cells"] if c["cell_type"] == "code"]
+    meta = {c["metadata"]["nbgrader"]["grade_id"]: c["metadata"]["nbgrader"] for c in cells
+            if "nbgrader" in c["metadata"]}
+    assert {k for k in meta if not k.endswith("_solution")} == set(ENTRIES)
+    for ex, entry in ENTRIES.items():
+        assert meta[ex]["grade"] is True and meta[ex]["locked"] is True and meta[ex]["points"] > 0
+        assert meta[f"{ex}_solution"]["solution"] is True and meta[f"{ex}_solution"]["grade"] is False
+        check_cell = next(c for c in cells if c["metadata"].get("nbgrader", {}).get("grade_id") == ex)
+        assert "".join(check_cell["source"]).strip() == f'check("{ex}", {entry})'
+        assert checks.exercise(ex).entry == entry and checks.exercise(ex).needs_gpu is False  # all CPU-gradeable
+    assert any("parameters" in c["metadata"].get("tags", []) for c in cells)
+
+
+def test_setup_cells_are_plain_python_and_quick(notebook):
+    setup = ["".join(c["source"]) for c in notebook["cells"]
+             if c["cell_type"] == "code" and "setup" in c["metadata"].get("tags", [])]
+    assert setup and not any(line.lstrip().startswith(("%", "!")) for s in setup for line in s.splitlines())
+    assert not any(w in s for s in setup for w in ("Pool(", "run_commands", "launch.run", "subprocess"))
+
+
+def test_the_notebook_runs_the_real_script_and_scripts(notebook):
+    src = code_source(notebook)
+    assert '"launch" / "train_ddp.py"' in src and "multinode_local.sh" in src and '"--standalone"' in src
+    assert 'Recorder("09_ddp")' in src and {"sync_bn", "scaling"} <= taken_keys(notebook)
+    assert "pool.close()" in src and "WORK.cleanup()" in src  # nothing left behind
+    assert not re.search(r"from course_utils(\.| import )[^\n]*\b(ddp|data_parallel)\b", src)  # no lesson helpers
+
+
+def taken_keys(nb: dict) -> set[str]:
+    return set(re.findall(r'rec\.take\("(\w+)"', code_source(nb)))
+
+
+# ------------------------------------------------------------------------------ ex09_accumulate: the judge
+
+ACC_INPUTS = checks.plain({**c09.accumulate_inputs(seed=5), "gpu": False})
+
+
+def acc_rank(inputs: dict, rank: int, **change) -> dict:
+    """What a right answer's rank reports, computed from the judge's own model of the job."""
+    orders = c09.sampler_orders(inputs)
+    n_steps = inputs["epochs"] * (len(orders[0][0]) // inputs["batch"]) // inputs["accum"]
+    data = {"indices": [i for epoch in orders[rank] for i in epoch], "syncs_at_steps": list(range(1, n_steps + 1)),
+            "syncs": n_steps, "weights": c09.reference_weights(inputs)}
+    return {**data, **change}
+
+
+def acc_judge(*ranks: dict) -> str:
+    return c09.accumulate_judge(ACC_INPUTS, checks.from_bytes(checks.to_bytes({"ranks": list(ranks)})))
+
+
+def test_accumulate_judge_passes_the_model_of_a_right_answer():
+    assert "one all-reduce each" in acc_judge(acc_rank(ACC_INPUTS, 0), acc_rank(ACC_INPUTS, 1))
+
+
+def test_sampler_orders_are_disjoint_shards_and_change_with_the_epoch():
+    orders = c09.sampler_orders(ACC_INPUTS)
+    for epoch in range(ACC_INPUTS["epochs"]):
+        assert sorted(orders[0][epoch] + orders[1][epoch]) == list(range(ACC_INPUTS["n"]))
+    assert orders[0][0] != orders[0][1] != orders[0][2]
+
+
+def test_reference_weights_are_one_big_batch_per_step():
+    """With accum=1 and one step, the reference is one SGD step on the mean loss of both ranks' batch."""
+    import torch.nn.functional as F
+
+    inputs = {**ACC_INPUTS, "n": 8, "batch": 4, "accum": 1, "epochs": 1}
+    x, y = c09.accumulate_data(inputs)
+    model = c09.accumulate_model(inputs)
+    orders = c09.sampler_orders(inputs)
+    idx = orders[0][0] + orders[1][0]
+    F.cross_entropy(model(x[idx]), y[idx]).backward()
+    want = [p.detach() - inputs["lr"] * p.grad for p in model.parameters()]
+    got = c09.reference_weights(inputs)
+    assert all(torch.allclose(g, w, atol=1e-6) for g, w in zip(got, want, strict=True))
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"indices": None}, "samples per epoch"),
+    ("same_order", "the order of epoch 0"),
+    ("shifted_order", "sampler's order for epoch 1"),
+    ({"syncs_at_steps": [3 * k for k in range(1, 13)], "syncs": 36}, "one gradient all-reduce per optimizer step"),
+    ({"syncs_at_steps": [0] * 12, "syncs": 0}, "one gradient all-reduce per optimizer step"),
+    ({"syncs_at_steps": list(range(1, 37)), "syncs": 36}, "12 optimizer steps"),
+    ("scaled_weights", "final weights"),
+    ({"weights": "ok"}, "final weights"),
+])
+def test_accumulate_judge_fails(change, words):
+    right = acc_rank(ACC_INPUTS, 0)
+    if change == "same_order":
+        per = len(right["indices"]) // ACC_INPUTS["epochs"]
+        change = {"indices": right["indices"][:per] * ACC_INPUTS["epochs"]}
+    elif change == "shifted_order":
+        per = len(right["indices"]) // ACC_INPUTS["epochs"]
+        change = {"indices": right["indices"][:per] + right["indices"][per + 1:2 * per] + right["indices"][per:per + 1]
+                  + right["indices"][2 * per:]}
+    elif change == "scaled_weights":
+        change = {"weights": [w * 1.01 for w in right["weights"]]}
+    with pytest.raises(checks.CheckFailed, match=words):
+        acc_judge(acc_rank(ACC_INPUTS, 0, **change), acc_rank(ACC_INPUTS, 1))
+
+
+def test_accumulate_judge_reports_a_failed_run_and_missing_ranks():
+    with pytest.raises(checks.CheckFailed, match="run on both ranks"):
+        c09.accumulate_judge(ACC_INPUTS, {"error": "rank 1 failed: RuntimeError"})
+    with pytest.raises(checks.CheckFailed, match="ranks' results"):
+        c09.accumulate_judge(ACC_INPUTS, {"ranks": [acc_rank(ACC_INPUTS, 0)]})
+
+
+# ------------------------------------------------------------------------------ ex09_checkpoint: the judge
+
+CKPT_INPUTS = checks.plain({**c09.checkpoint_inputs(seed=3), "gpu": False})
+
+
+def ckpt_rank(rank: int, **change) -> dict:
+    weights, exp_avg, exp_avg_sq = c09.trained_state(CKPT_INPUTS)
+    keys = sorted(n for n, _ in c09.checkpoint_model(CKPT_INPUTS).named_parameters())
+    data = {"saves": [0] if rank == 0 else [], "map_locations": ["cpu"], "epoch": CKPT_INPUTS["epoch"],
+            "weights": weights, "exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq,
+            "file_keys": ["epoch", "model", "optimizer"], "model_keys": keys}
+    return {**data, **change}
+
+
+def ckpt_judge(r0: dict, r1: dict) -> str:
+    return c09.checkpoint_judge(CKPT_INPUTS, checks.from_bytes(checks.to_bytes({"ranks": [r0, r1]})))
+
+
+def test_checkpoint_judge_passes_a_right_run():
+    assert "rank 0 wrote" in ckpt_judge(ckpt_rank(0), ckpt_rank(1))
+
+
+@pytest.mark.parametrize("which, change, words", [
+    (1, {"saves": [1]}, "rank 0 alone to call torch.save"),
+    (0, {"saves": [0, 0]}, "rank 0 alone to call torch.save"),
+    (0, {"saves": []}, "rank 0 alone to call torch.save"),
+    (0, {"model_keys": ["module.0.bias", "module.0.weight", "module.2.bias", "module.2.weight"]}, "inside DDP"),
+    (0, {"file_keys": ["model", "optimizer"]}, "keys epoch, model, optimizer"),
+    (1, {"epoch": c09.STALE_EPOCH}, "the stale checkpoint's epoch"),
+    (1, {"weights": "zeros"}, "weights after load"),
+    (1, {"exp_avg": [None] * 4, "exp_avg_sq": [None] * 4}, "Adam state"),
+    (1, {"map_locations": ["none"]}, "map onto the device"),
+    (0, {"map_locations": []}, "map onto the device"),
+])
+def test_checkpoint_judge_fails(which, change, words):
+    ranks = [ckpt_rank(0), ckpt_rank(1)]
+    if change.get("weights") == "zeros":
+        change = {"weights": [torch.zeros_like(w) for w in ranks[which]["weights"]]}
+    ranks[which] = {**ranks[which], **change}
+    with pytest.raises(checks.CheckFailed, match=words):
+        ckpt_judge(*ranks)
+
+
+def test_trained_state_has_adam_moments_from_the_seed():
+    a, b = c09.trained_state(CKPT_INPUTS), c09.trained_state(CKPT_INPUTS)
+    assert all(torch.equal(x, y) for xs, ys in zip(a, b, strict=True) for x, y in zip(xs, ys, strict=True))
+    assert all(float(m.abs().sum()) > 0 for m in a[1])
+    assert not torch.equal(a[0][0], c09.checkpoint_model(CKPT_INPUTS)[0].weight)  # the steps moved the weights
+
+
+# ------------------------------------------------------------------------------ ex09_local_device: the judge
+
+
+def test_layouts_hold_the_cases_that_tell_the_mistakes_apart():
+    cases = c09.device_inputs(seed=1)["cases"]
+    assert len(cases) == sum(n * p for n, p, _ in c09.LAYOUTS)
+    rank_mod = [c for c in cases if c["gpus"] and int(c["env"]["RANK"]) % c["gpus"] != int(c["env"]["LOCAL_RANK"])]
+    assert rank_mod  # RANK % gpus is wrong somewhere (4 workers on 8-GPU nodes)
+    assert any(c["gpus"] == 0 for c in cases) and any("CUDA_VISIBLE_DEVICES" in c["env"] for c in cases)
+
+
+def test_device_judge_on_plain_data():
+    inputs = c09.device_inputs(seed=2)
+    right = [c09.expected_device(c) for c in inputs["cases"]]
+    assert "workers" in c09.device_judge(inputs, {"devices": right})
+    for bad in (["cuda:" + c["env"]["RANK"] for c in inputs["cases"]], right[:-1], "cuda:0"):
+        with pytest.raises(checks.CheckFailed):
+            c09.device_judge(inputs, {"devices": bad})
+
+
+def test_device_probe_describes_what_is_not_a_device():
+    inputs = {"cases": [{"env": {"LOCAL_RANK": "1"}, "gpus": 2}] * 3}
+    answers = iter([torch.device("cuda", 1), "cuda:1", 1])
+    data = c09.device_probe(lambda env, gpus: next(answers), inputs)
+    assert data["devices"] == ["cuda:1", "cuda:1", "a int"]
+
+
+# ------------------------------------------------------------------------------ end to end, on two gloo ranks
+
+
+def test_accumulate_master_solution_passes_in_a_fresh_kernel(notebook):
+    text, error = run_cells(exercise_cells(notebook, ACC, None))
+    assert error is None and checks.PASS_MARKER in text, text
+
+
+@pytest.mark.parametrize("ex", [CKPT, DEV])
+def test_master_solutions_pass(notebook, ex):
+    text, error = run_here(exercise_cells(notebook, ex, None))
+    assert error is None and checks.PASS_MARKER in text, text
+
+
+WRONG_SAYS = {  # wrong answer -> what its check must say
+    ACC: "the order of epoch 0",
+    f"{ACC}__set_epoch_after_the_epoch": "the order of epoch 0",
+    f"{ACC}__no_sync_backward_only": "one gradient all-reduce per optimizer step",
+    f"{ACC}__never_syncs": "one gradient all-reduce per optimizer step",
+    f"{ACC}__step_every_micro_batch": "optimizer steps on rank 0",
+    f"{ACC}__loss_not_averaged": "final weights",
+    f"{ACC}__zero_grad_every_micro_batch": "final weights",
+    CKPT: "rank 0 alone to call torch.save",
+    f"{CKPT}__no_barrier": "stale checkpoint",
+    f"{CKPT}__barrier_before_save": "stale checkpoint",
+    f"{CKPT}__wrapper_state_dict": "inside DDP",
+    f"{CKPT}__no_map_location": "map onto the device",
+    f"{CKPT}__no_optimizer_state": "Adam state",
+    f"{CKPT}__only_rank_0_loads": "rank 1's weights",
+    DEV: "for the worker with RANK=",
+    f"{DEV}__rank_mod_gpus": "for the worker with",
+    f"{DEV}__group_rank": "for the worker with",
+    f"{DEV}__always_cuda": "'cpu' for the worker",
+    f"{DEV}__bare_cuda": "for the worker with",
+    f"{DEV}__equal_to_anything": "a Anything",
+}
+
+
+def test_every_wrong_answer_has_an_expected_verdict():
+    assert {p.stem for p in WRONG.glob("*.py")} == set(WRONG_SAYS)
+
+
+def test_wrong_answers_cover_the_briefs_mistakes():
+    assert {f"{ACC}", f"{ACC}__no_sync_backward_only", f"{DEV}", f"{CKPT}__no_barrier",
+            f"{CKPT}__no_map_location"} <= set(WRONG_SAYS)
+
+
+@pytest.mark.parametrize("stem", sorted(WRONG_SAYS))
+def test_wrong_answers_fail(notebook, stem):
+    ex = stem.split("__")[0]
+    text, error = run_here(exercise_cells(notebook, ex, (WRONG / f"{stem}.py").read_text()))
+    assert error == "CheckFailed", text
+    assert WRONG_SAYS[stem] in text, text
+
+
+def test_a_stub_is_not_attempted(notebook):
+    """The student version's `raise NotImplementedError()` inside a worker comes back as NotImplementedError."""
+    stub = "    ### BEGIN SOLUTION\n    raise NotImplementedError()\n    ### END SOLUTION\n"
+    text, error = run_here(exercise_cells(notebook, ACC, stub))
+    assert error == "NotImplementedError", text
+
+
+# ------------------------------------------------------------------------------ the recording
+
+
+def test_recording_holds_every_key(notebook):
+    if STEM not in reference.available():
+        pytest.skip(f"no reference recording {STEM!r} yet: make it on a GPU with "
+                    f"python benchmarks/record_references.py {STEM}")
+    rec = reference.load(STEM)
+    assert taken_keys(notebook) <= set(rec.data), taken_keys(notebook) - set(rec.data)
+    rows = rec.data["scaling"]["rows"]
+    assert rows[0]["gpus"] == 1 and all(0 < r["strong_efficiency"] <= 1.2 for r in rows)
+    sbn = rec.data["sync_bn"]
+    assert sbn["0"]["running mean / 0.1"] == pytest.approx(sbn["0"]["global batch mean"], abs=2e-3)
+    assert sbn["0"]["running mean / 0.1"] == sbn["1"]["running mean / 0.1"]

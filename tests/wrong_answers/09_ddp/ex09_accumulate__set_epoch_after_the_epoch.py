@@ -1,0 +1,13 @@
+    ### BEGIN SOLUTION
+    # Wrong: set_epoch after the epoch's loop: each epoch runs in the previous epoch's order.
+    for epoch in range(epochs):
+        for i, (x, y) in enumerate(loader):
+            last = (i + 1) % accum == 0
+            with contextlib.nullcontext() if last else model.no_sync():
+                loss = F.cross_entropy(model(x), y) / accum
+                loss.backward()
+            if last:
+                optimizer.step()
+                optimizer.zero_grad()
+        loader.sampler.set_epoch(epoch)
+    ### END SOLUTION
