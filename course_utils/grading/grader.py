@@ -24,9 +24,10 @@ from . import assemble, release
 from .probe import ProbeServer, run_probe
 from .probe_server import load_checks
 from .report import FAILED, NOT_ATTEMPTED, PASSED, SKIPPED, ExerciseResult, Grade
-from .sandbox import FileGuard
+from .sandbox import FileGuard, landlock_abi
 
 MAX_SUBMISSION_BYTES = 50 << 20
+_LANDLOCK_ABI = landlock_abi()  # 0 where the kernel has no Landlock: then probes are unfenced
 NO_LANDLOCK_ENV = "COURSE_GRADING_NO_LANDLOCK"  # tests of the fallback only: probes then rely on FileGuard
 _JUDGE_MODULES = ("course_utils.measure", "course_utils.timeline", "course_utils.reference")
 
@@ -201,6 +202,11 @@ class Grader:
         self._hidden = sorted(hidden)
 
     def _restore(self) -> list[str]:
+        # Under Landlock no probe or feedback kernel can write these files, so a change comes from someone else
+        # (an editor, a build, another grader): putting files back would destroy their work and delete their new
+        # files. Restore only where the probes ran unfenced.
+        if self.landlock and _LANDLOCK_ABI:
+            return []
         with self._guard_lock:
             return self._guard.restore() if self._guard else []
 
