@@ -325,9 +325,10 @@ def _prefetch_probe(prefetch: Callable, inputs: dict) -> dict:
     src, dst = torch.rand(numel).pin_memory(), torch.empty(numel, device=gpu)
     copy_ms = bench.measure("h2d", numel * 4, lambda: dst.copy_(src, non_blocking=True)).time_ms
     compute_ms = max(0.5, 2 * copy_ms)  # each batch's compute takes about two copies: room to hide them
-    # Fill the compute stream's share of the caching allocator first. A cudaMalloc issued between two streams'
-    # work keeps them from running concurrently (CUDA's implicit synchronisation), which would hide a missing
-    # wait in the first run; with cached blocks nothing is allocated from CUDA during the runs.
+    # Fill the compute stream's share of the caching allocator first, so nothing is allocated from CUDA during
+    # the runs (CUDA lists device allocations among the operations that may keep streams apart), and launch the
+    # kernels the runs use once (`_compute_step_ms`, the copies above): a kernel's first launch loads its code
+    # and on the H100 that load waited for the GPU, which would hide a missing wait in the first run.
     with torch.cuda.stream(compute):
         warm = [torch.empty(numel, device=gpu) for _ in range(n + 4)]
     del warm
