@@ -421,15 +421,17 @@ def plot_bandwidth(results: Iterable[BenchResult], limits: dict[str, float] | No
         fig, ax = plt.subplots(figsize=(8, 4.5))
     else:
         fig = ax.figure
-    for op, mode in dict.fromkeys((r.op, r.mode) for r in results):
+    ops = list(dict.fromkeys(r.op for r in results))
+    for op, mode in dict.fromkeys((r.op, r.mode) for r in results):  # one colour per op, dashed when blocking
         mine = sorted((r for r in results if (r.op, r.mode) == (op, mode)), key=lambda r: r.size_bytes)
         values = [(r.busbw_gbps if y == "busbw" else r.algbw_gbps) for r in mine]
         label = op if mode is None else f"{op} ({mode.replace('_', '-')})"
-        ax.plot([r.size_bytes for r in mine], values, marker="o", label=label,
-                linestyle="--" if mode == "blocking" else "-")
+        ax.plot([r.size_bytes for r in mine], values, marker="o" if mode != "blocking" else "x", label=label,
+                color=f"C{ops.index(op) % 10}", linestyle="--" if mode == "blocking" else "-")
     for i, (label, gbps) in enumerate((limits or {}).items()):
         if gbps:
-            ax.axhline(gbps, linestyle="--", color=f"C{7 + i}", label=f"{label}: {gbps:g} GB/s")
+            ax.axhline(gbps, linestyle=(0, (6, 3)), color=("black", "dimgrey", "grey")[i % 3],
+                       label=f"{label}: {gbps:g} GB/s")
     ax.set_xscale("log", base=2)
     sizes = sorted({r.size_bytes for r in results})
     if sizes:
