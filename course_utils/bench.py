@@ -318,7 +318,7 @@ def fit_alpha_beta(results: Iterable[BenchResult | dict], op: str | None = None,
     a, x = (sat * sxx - sax * sxt) / det, (saa * sxt - sax * sat) / det
     if a < 0:  # noise at small sizes: a line through the origin instead
         a, x = 0.0, sxt / sxx
-    if not x > 0:
+    if not x > 0 or x * max(s) < 1e-3 * min(t):  # the bandwidth term is lost in the fixed cost even at the top
         raise ValueError(f"{op!r}: the times do not grow with size, so no bandwidth can be fitted (sizes {sizes})")
     n = rs[0].world_size or 0
     beta = 1.0 / x / 1e3  # bytes per µs -> GB/s

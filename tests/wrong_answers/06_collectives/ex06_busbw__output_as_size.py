@@ -1,0 +1,6 @@
+    ### BEGIN SOLUTION
+    # Wrong: S is always the output tensor (the shard for reduce_scatter and scatter).
+    n = world_size
+    factor = 2 * (n - 1) / n if op == "all_reduce" else 1.0 if op in ("broadcast", "reduce") else (n - 1) / n
+    return output_bytes / seconds / 1e9 * factor
+    ### END SOLUTION

@@ -1,0 +1,4 @@
+    ### BEGIN SOLUTION
+    # Wrong: a plausible number, measured nowhere.
+    return 0.002
+    ### END SOLUTION
