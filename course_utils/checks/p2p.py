@@ -101,33 +101,26 @@ def _stuck_inputs() -> dict:
         {"programs": [[[("send", 1, 4 * KiB), ("recv", 1, 4 * KiB)]], [[("send", 0, 4 * KiB), ("recv", 0, 4 * KiB)]]],
          "eager_bytes": 0},
     ]
-    tries = 0
-    while tries < 200 and sum(1 for c in cases if c.get("random")) < 12:  # random programs, stuck and not
-        tries += 1
-        programs = _random_programs(rng)
-        eager = rng.choice((0, 0, 4 * KiB, 2 * MiB))
-        cases.append({"programs": programs, "eager_bytes": eager, "random": True})
+    for _ in range(12):  # random programs: about half of them leave some rank stuck
+        cases.append({"programs": _random_programs(rng), "eager_bytes": rng.choice((0, 0, 4 * KiB, 2 * MiB))})
     for c in cases:
         c["programs"] = [[[list(op) for op in step] for step in steps] for steps in c["programs"]]
     return {"cases": cases}
 
 
 def _as_rank_list(x: Any) -> list[int] | None:
-    """The answer as a sorted list of distinct plain ints, or None when it is not a collection of ints."""
+    """The answer as a sorted list of distinct plain ints, or None when it is not a collection of integers."""
+    import numbers
+
     if isinstance(x, (str, bytes, dict)) or not hasattr(x, "__iter__"):
         return None
-    out = []
     try:
-        for v in x:
-            if isinstance(v, bool) or not isinstance(v, int):
-                import numbers
-
-                if not (isinstance(v, numbers.Integral) and not isinstance(v, bool)):
-                    return None
-            out.append(int(v))
+        items = list(x)
     except Exception:
         return None
-    return sorted(set(out))
+    if not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in items):
+        return None
+    return sorted({int(v) for v in items})
 
 
 def _stuck_probe(answer: Callable, inputs: dict) -> dict:
@@ -251,7 +244,7 @@ def _halo_inputs() -> dict:
     for world in HALO_WORLDS:
         width = rng.randint(1, 3)
         lengths = [width + rng.randint(0, 5) for _ in range(world)]
-        lengths[rng.randrange(world)] = width + 3  # at least one block longer than its two halos together
+        lengths[rng.randrange(world)] = 2 * width + 1  # at least one block longer than its two halos together
         values = rng.sample(range(-9999, 10000), sum(lengths))  # distinct integers: exact in float32
         blocks, at = [], 0
         for n in lengths:
@@ -326,7 +319,8 @@ def _halo_rank(answer: Callable, blocks: list, width: int, stagger_s: float, op_
     else:
         out = {"left": None, "right": None, "types": [type(got).__name__]}
     out["block_unchanged"] = bool(torch.equal(block, original))
-    time.sleep(stagger_s + 0.5)  # let late messages land before this rank leaves
+    dist.barrier()  # every rank has returned from the answer (so every message is posted) ...
+    time.sleep(0.2)  # ... and has landed before any rank leaves
     return out
 
 
@@ -344,6 +338,8 @@ def _halo_probe(answer: Callable, inputs: dict) -> dict:
             out.append({"status": "timeout", "message": str(err)[-3000:]})
         except launch.WorkerError as err:
             out.append({"status": "error", "message": str(err)[-3000:]})
+        if out[-1]["status"] != "ok":
+            break  # the judge reports the first failure; the next world size would only cost time
     return {"cases": out}
 
 
@@ -385,8 +381,8 @@ def _halo_hint(blocks: list, r: int, width: int, side: str, got: list[float]) ->
 def _halo_judge(inputs: dict, data: dict) -> str:
     cases = inputs["cases"]
     results = data.get("cases")
-    expect(type(results) is list and len(results) == len(cases), EX_HALO, f"{len(cases)} runs", results)
-    for case, res in zip(cases, results, strict=True):
+    expect(type(results) is list and 1 <= len(results) <= len(cases), EX_HALO, f"{len(cases)} runs", results)
+    for case, res in zip(cases, results, strict=False):
         world, width, blocks = case["world"], case["width"], case["blocks"]
         expect(type(res) is dict, EX_HALO, "a result per run", res)
         if res.get("status") != "ok":
@@ -406,6 +402,7 @@ def _halo_judge(inputs: dict, data: dict) -> str:
                        f"{where}: {side} halo {want}", have, hint=_halo_hint(blocks, r, width, side, have))
             expect(got.get("block_unchanged") is True, EX_HALO, f"{where}: the rank's own block left as it was",
                    "it was changed", hint="receive into new tensors, not into the block you are sending from")
+    expect(len(results) == len(cases), EX_HALO, f"{len(cases)} runs", len(results))
     sizes = " and ".join(str(c["world"]) for c in cases)
     return f"halos right on {sizes} ranks, without deadlock"
 
