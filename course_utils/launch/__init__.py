@@ -18,17 +18,29 @@ How it avoids the usual pains:
 - Each worker leads its own session and dies with the parent. A failure, a timeout or Ctrl-C stops every
   worker; a timeout first shows where each stuck rank was. No process, port or temporary file survives.
 
-Modules: options (arguments, backend, GPUs), env, transport, pickling, output, stacks, procs, errors,
-group (the worker group), worker (its entry point), jobs (run, run_code), pool, cli, magics.
+Modules, leaves first: errors, options (arguments, backend, GPUs), env, transport, pickling, output, stacks,
+procs; group (the worker group); worker (its entry point); jobs (run, run_code), pool, cli; magics.
+The names below load their module on first use, so a worker importing transport and pickling does not
+pay for the parent's side.
 """
 
 from __future__ import annotations
 
-from .cli import cli_command, run_cli
-from .errors import LaunchError, WorkerError, WorkerTimeout
-from .jobs import run, run_code
-from .options import BACKENDS, pick_backend
-from .pool import Pool, current_pool
+import importlib
 
-__all__ = ["BACKENDS", "LaunchError", "Pool", "WorkerError", "WorkerTimeout", "cli_command", "current_pool",
-           "pick_backend", "run", "run_cli", "run_code"]
+_EXPORTS = {
+    "run": "jobs", "run_code": "jobs", "Pool": "pool", "current_pool": "pool", "run_cli": "cli",
+    "cli_command": "cli", "LaunchError": "errors", "WorkerError": "errors", "WorkerTimeout": "errors",
+    "BACKENDS": "options", "pick_backend": "options",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
