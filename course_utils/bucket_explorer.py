@@ -89,11 +89,10 @@ def predicted_spans(grads: Sequence[Grad], buckets: Sequence[Sequence[float]]) -
         spans.append(Span(name, "compute", 0, "backward", prev, max(ready, prev)))
         prev, first_i = max(ready, prev), i + 1
     first = 0
-    for k, (n, start, end) in enumerate(buckets):
+    for n, start, end in buckets:
         size = sum(b for b, _ in grads[first:first + int(n)])
         first += int(n)
-        spans.append(Span(f"bucket {k}: {int(n)} grads, {size / 1e6:.3g} MB", "comm", 0, "comm", float(start),
-                          float(end)))
+        spans.append(Span(f"{size / 1e6:.3g} MB", "comm", 0, "comm", float(start), float(end)))
     return spans
 
 
@@ -154,8 +153,8 @@ class BucketExplorer:
         caps = [c / 1e6 for c, _ in self.sweep]
         bottom.plot(caps, [exposed_ms(self.grads, b) for _, b in self.sweep], "o-", ms=3,
                     label="your model: last all-reduce end - backward end")
-        bottom.plot(caps, [rough_overhead_ms(self.total_bytes, len(b), self.alpha_ms, self.gbps) for _, b in self.sweep],
-                    "--", color="grey", label="rough: s/(n_b w) + n_b o")
+        rough = [rough_overhead_ms(self.total_bytes, len(b), self.alpha_ms, self.gbps) for _, b in self.sweep]
+        bottom.plot(caps, rough, "--", color="grey", label="rough: s/(n_b w) + n_b o")
         best = best_cap_bytes(self.total_bytes, self.alpha_ms, self.gbps)
         bottom.axvline(best / 1e6, color="grey", linestyle=":", label=f"sqrt(s w o) = {_mb(best)}")
         bottom.plot([cap_bytes / 1e6], [exposed], "o", color="tab:red", ms=9, label="this cap")
