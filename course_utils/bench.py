@@ -322,9 +322,10 @@ def fit_alpha_beta(results: Iterable[BenchResult | dict], op: str | None = None,
         raise ValueError(f"{op!r}: the times do not grow with size, so no bandwidth can be fitted (sizes {sizes})")
     n = rs[0].world_size or 0
     beta = 1.0 / x / 1e3  # bytes per µs -> GB/s
+    known = op in COLLECTIVES or op == "sendrecv"  # other names (a hand-written ring, ...) get no bus_gbps
     return AlphaBeta(alpha_us=a, beta_gbps=beta, op=op, world_size=n, mode=mode,
-                     bus_gbps=beta * bus_factor(op, n) if n else None, min_bytes=sizes[0], max_bytes=sizes[-1],
-                     points=len(rs))
+                     bus_gbps=beta * bus_factor(op, n) if n and known else None, min_bytes=sizes[0],
+                     max_bytes=sizes[-1], points=len(rs))
 
 
 # ------------------------------------------------------------------------------------------------ link limits

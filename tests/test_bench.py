@@ -184,6 +184,8 @@ def test_fit_keeps_alpha_non_negative_and_says_what_is_missing():
     assert bench.fit_alpha_beta(mixed, op="broadcast").op == "broadcast"
     with pytest.raises(ValueError, match="two sizes"):
         bench.fit_alpha_beta(synthetic(sizes=[1024]))
+    assert bench.fit_alpha_beta([
+        bench.BenchResult(**{**r.to_dict(), "op": "ring by hand"}) for r in synthetic()]).bus_gbps is None
     flat = [bench.BenchResult("all_reduce", s, 1.0, 1.0, 1.0, 20, "back_to_back", 2) for s in (1024, 4096)]
     with pytest.raises(ValueError, match="do not grow"):
         bench.fit_alpha_beta(flat)
