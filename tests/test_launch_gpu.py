@@ -202,6 +202,7 @@ def test_pool_with_nccl_round_trips_and_stops_a_stuck_collective():
 @pytest.mark.timeout(180)
 def test_an_nccl_hang_shows_where_each_rank_waits():
     stuck = cell_function("""
+        import time
         import torch
         import torch.distributed as dist
 
@@ -210,8 +211,13 @@ def test_an_nccl_hang_shows_where_each_rank_waits():
                 t = torch.ones(1, device="cuda")
                 dist.all_reduce(t)
                 torch.cuda.synchronize()  # rank 1 never joins: the host waits here
+            else:
+                time.sleep(300)
     """, "nccl_stuck")
     with pytest.raises(launch.WorkerTimeout) as info:
-        launch.run(stuck, nproc=2, backend="nccl", timeout=20)
-    assert info.value.running == [0] and "nccl_stuck" in info.value.stacks[0]
+        launch.run(stuck, nproc=2, backend="nccl", timeout=30)
+    err = info.value
+    assert err.running == [0, 1] and err.starting == []
+    assert "torch.cuda.synchronize()" in err.stacks[0] and "time.sleep(300)" in err.stacks[1]
+    print(err)
     assert_notebook_untouched()
