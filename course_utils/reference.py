@@ -73,14 +73,31 @@ def is_virtual_machine() -> bool:
     return False
 
 
+def gpu_name() -> str:
+    """GPU 0's name, from NVML where it can say, so the notebook process opens no CUDA context for it (a
+    notebook whose ranks own the GPUs should not hold one of them too)."""
+    import torch
+
+    if not torch.cuda.is_initialized():
+        try:
+            from .hardware import probe
+
+            gpus = probe().gpus
+            if gpus:
+                return gpus[0].name
+        except Exception:  # the facts are a label: fall back to asking CUDA
+            pass
+    return torch.cuda.get_device_name(0)
+
+
 def provenance() -> dict[str, Any]:
     """Facts about the machine this process measures on."""
     import torch
 
-    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none (CPU)"
+    cuda = torch.cuda.is_available()
     return {
-        "gpu": gpu,
-        "gpu_count": torch.cuda.device_count() if torch.cuda.is_available() else 0,
+        "gpu": gpu_name() if cuda else "none (CPU)",
+        "gpu_count": torch.cuda.device_count() if cuda else 0,
         "driver": _driver_version(),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
@@ -154,7 +171,6 @@ class Recorder:
     def take(self, key: str, measure: Callable[[], Any]) -> Any:
         """Measure `key` live, or return its recorded value (None when there is none yet)."""
         if self.live:
-            import torch
 
             data = measure()
             try:
@@ -165,7 +181,7 @@ class Recorder:
             self._taken[key] = data
             if self._record_dir:
                 save(self.name, self._taken, directory=Path(self._record_dir))
-            self._say(f"[{key}: measured live on {torch.cuda.get_device_name()}]")
+            self._say(f"[{key}: measured live on {gpu_name()}]")
             return data
         rec = self.recording
         if rec is None:
