@@ -10,8 +10,8 @@ import importlib
 
 __version__ = "0.1.0"
 
-_SUBMODULES = {"hardware", "launch", "timeline", "measure", "bench", "reference", "checks", "grading", "grade", "release",
-               "widgets", "bucket_explorer", "plot_ranks"}
+_SUBMODULES = {"hardware", "launch", "timeline", "measure", "bench", "reference", "checks", "grading", "grade",
+               "release", "widgets", "bucket_explorer", "plot_ranks"}
 
 
 def __getattr__(name: str):
