@@ -103,8 +103,8 @@ def _mb(nbytes: float) -> str:
 class BucketExplorer:
     """A slider over bucket caps and the predicted timeline at the chosen one (see the module docstring).
 
-    `view` holds what is drawn now (cap_bytes, buckets, exposed_ms, spans); `figure` the matplotlib Figure.
-    Moving `slider` (or calling `show(cap_bytes)`) redraws both.
+    `view` holds what is drawn now (cap_bytes, buckets, exposed_ms, spans); `figure` the matplotlib Figure and
+    `image` the widget showing it. Moving `slider` (or calling `show(cap_bytes)`) redraws them.
     """
 
     def __init__(self, grads: Sequence[Sequence[float]], alpha_ms: float, gbps: float, schedule: Schedule,
@@ -126,8 +126,10 @@ class BucketExplorer:
         self.slider = widgets.SelectionSlider(options=[(_mb(c), c) for c in self.caps], value=start,
                                               description="bucket cap", continuous_update=False,
                                               layout=widgets.Layout(width="600px"))
-        self.output = widgets.Output()
-        self.widget = widgets.VBox([self.slider, self.output])
+        # The figure goes into an Image widget as PNG bytes: an Output widget capturing display() would tie the
+        # view to the cell that made it (and headless runners such as nbclient wait on such captures).
+        self.image = widgets.Image(format="png")
+        self.widget = widgets.VBox([self.slider, self.image])
         self.view: dict[str, Any] = {}
         self.figure = None
         self.slider.observe(lambda change: self.show(change["new"]), names="value")
@@ -138,8 +140,9 @@ class BucketExplorer:
 
     def show(self, cap_bytes: float) -> None:
         """Draw the predicted timeline at `cap_bytes` (what moving the slider does)."""
+        import io
+
         import matplotlib.pyplot as plt
-        from IPython.display import display
 
         from .timeline.plot import plot
 
@@ -165,10 +168,10 @@ class BucketExplorer:
         bottom.legend(fontsize=9, loc="best", frameon=False)
         fig.tight_layout()
         self.figure = fig
-        self.output.clear_output(wait=True)
-        with self.output:
-            display(fig)
-        plt.close(fig)  # shown through the output widget only (not again at the end of the cell)
+        png = io.BytesIO()
+        fig.savefig(png, format="png", dpi=80, bbox_inches="tight")
+        self.image.value = png.getvalue()
+        plt.close(fig)  # shown through the image widget only (not again at the end of the cell)
 
     def _ipython_display_(self) -> None:
         from IPython.display import display

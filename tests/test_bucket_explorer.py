@@ -67,13 +67,15 @@ def test_moving_the_slider_changes_the_view():
     first = dict(explorer.view)
     assert explorer.slider.value == first["cap_bytes"]
     assert first["buckets"] == schedule(GRADS, first["cap_bytes"], 0.1, 10.0)
-    fig = explorer.figure
+    fig, png = explorer.figure, explorer.image.value
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
     title = fig.axes[0].get_title()
     assert f"{len(first['buckets'])} buckets" in title
     explorer.slider.value = explorer.caps[0]  # the smallest cap: one bucket per gradient
     assert explorer.view["cap_bytes"] == explorer.caps[0]
     assert len(explorer.view["buckets"]) == len(GRADS) != len(first["buckets"])
     assert explorer.figure is not fig and explorer.figure.axes[0].get_title() != title
+    assert explorer.image.value != png  # the widget shows the new picture
     assert explorer.view["exposed_ms"] == pytest.approx(be.exposed_ms(GRADS, explorer.view["buckets"]))
     explorer.slider.value = explorer.caps[-1]  # the largest: one bucket
     assert len(explorer.view["buckets"]) == 1
