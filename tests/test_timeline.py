@@ -160,9 +160,11 @@ def test_copy_overlap_uses_the_union_of_copies():
 
 def test_rows_busy_idle_and_makespan_by_hand():
     spans = [S("k1", "compute", 0, 4, "a"), S("k2", "compute", 2, 6, "a"), S("w", "wait", 6, 8, "a"),
-             S("c", "h2d", 5, 10, "b"), S("m", "mark", 12, 12, "b")]
+             S("c", "h2d", 5, 10, "b"), S("m", "mark", 12, 12, "b"), S("r", RANGE, -3, 14, "host")]
     st = timeline_stats(spans)
-    assert st.makespan_ms == 10  # a mark is an instant, not work: it does not stretch the makespan
+    # neither a mark (an instant) nor a named range (e.g. one that launched no GPU work, drawn over its host
+    # time) is work: neither stretches the makespan, and a row of ranges only has no stats
+    assert st.makespan_ms == 10 and "host" not in st.rows
     assert list(st.rows) == ["a", "b"]
     assert st.rows["a"].busy_ms == 6 and st.rows["a"].idle_ms == 4  # union [0, 6]; the wait is idle
     assert st.rows["a"].busy_fraction == pytest.approx(0.6)

@@ -7,6 +7,10 @@ tid = stream for GPU activity, pid/tid = process/thread for CPU events, `ts` in 
 baseTimeNanoseconds) and CuptiActivity.h (kernel args "device", "stream", "correlation", ...; memcpy
 names "Memcpy HtoD (Pinned -> Device)"; PtoP copies carry fromDevice/inDevice/toDevice instead of device;
 GPU user annotations carry only "External id").
+
+Every test here runs on any machine, a GPU box included: the captures ask for the CPU explicitly
+(Timeline(device="cpu", ...)), so they neither depend on nor disturb a GPU. The GPU paths are in
+test_timeline_gpu.py.
 """
 
 from __future__ import annotations
@@ -161,14 +165,23 @@ def test_host_ops_with_gpu_work_are_launches_not_communication():
                     ("record_param_comms", "host", "host")]
 
 
-def test_probes_name_streams_and_are_dropped():
+DTOD = "Memcpy DtoD (Device -> Device)"
+
+
+@pytest.mark.parametrize("probe", ["copy", "kernel"])
+def test_probes_name_streams_and_are_dropped(probe):
+    """Kernels mode's probe is a 1-byte copy (a kernel's first launch can wait for the GPU); both kinds work."""
     trace = gpu_trace()
-    trace["traceEvents"] += [cpu("user_annotation", PROBE + "side 1", 50, 5, 7),
-                             launch("cudaLaunchKernel", 51, 20), kernel(SPIN, 55, 1, 20, 20)]
+    work = (launch("cudaMemcpyAsync", 51, 20), memcpy(DTOD, 55, 1, 20, 20)) if probe == "copy" else \
+        (launch("cudaLaunchKernel", 51, 20), kernel(SPIN, 55, 1, 20, 20))
+    trace["traceEvents"] += [cpu("user_annotation", PROBE + "side 1", 50, 5, 7), *work,
+                             # another timeline's probe (nested captures): its copy on stream 7 is not work either
+                             cpu("user_annotation", PROBE + "not ours", 60, 5, 8),
+                             launch("cudaMemcpyAsync", 61, 21), memcpy(DTOD, 62, 1, 7, 21)]
     spans = spans_from_trace(trace, stream_names=["side 1"])
     rows = {s.stream for s in spans}
-    assert "side 1" in rows and "stream 20" not in rows
-    assert [s.name for s in spans if s.name == SPIN] == []  # the probe's kernel is not the user's work
+    assert "side 1" in rows and "stream 20" not in rows and "not ours" not in rows and "stream 7" in rows
+    assert [s.name for s in spans if s.name in (SPIN, DTOD)] == []  # the probes' work is not the user's work
     assert not [s for s in spans if s.name.startswith(PROBE)]
 
 
@@ -218,7 +231,9 @@ def test_a_real_cpu_trace_with_gloo(tmp_path):
     assert kinds[("c10d::allreduce_", "host")] == "comm"  # the call on the main thread
     assert kinds[("gloo:all_reduce", "comm")] == "comm"  # gloo's work on its own thread: the comm row
     assert [(s.kind, s.stream) for s in by(spans, "my step")] == [(RANGE, "host")]
-    assert from_profiler(str(path), host_ops=False) == []  # no GPU here: nothing but host ops and ranges
+    # host_ops=False drops the CPU ops; the user's named range stays, over its host time
+    assert [(s.name, s.kind, s.stream) for s in from_profiler(str(path), host_ops=False)] == \
+        [("my step", RANGE, "host")]
 
 
 def test_from_profiler_takes_a_profile_object_once():
@@ -241,7 +256,7 @@ def test_kernels_mode_on_a_cpu_records_ops_ranges_and_gloo_on_the_host_clock():
     with tempfile.TemporaryDirectory() as d:
         dist.init_process_group("gloo", init_method=f"file://{d}/store", rank=0, world_size=1)
         try:
-            tl = Timeline(mode="kernels")
+            tl = Timeline(device="cpu", mode="kernels")  # the profiler's CPU ops, also on a GPU machine
             assert tl.mode == "kernels" and not tl.uses_cuda
             before = time.perf_counter_ns()
             with tl.capture() as same:
@@ -274,7 +289,7 @@ def test_kernels_mode_on_a_cpu_records_ops_ranges_and_gloo_on_the_host_clock():
 
 
 def test_kernels_mode_needs_a_capture_and_reports_misuse():
-    tl = Timeline(mode="kernels")
+    tl = Timeline(device="cpu", mode="kernels")
     with pytest.raises(RuntimeError, match="inside `with tl.capture"):
         tl.span("outside")
     with tl.capture():
@@ -284,13 +299,13 @@ def test_kernels_mode_needs_a_capture_and_reports_misuse():
             tl.spans()
     assert [s.name for s in tl.spans()] == ["x"]
     with pytest.raises(ValueError, match="mode must be"):
-        Timeline(mode="cupti")
+        Timeline(device="cpu", mode="cupti")
 
 
 def test_captures_nest_across_timelines_and_refuse_a_foreign_profiler():
     from torch.profiler import ProfilerActivity, profile
 
-    outer, inner = Timeline(mode="kernels"), Timeline(mode="kernels")
+    outer, inner = Timeline(device="cpu", mode="kernels"), Timeline(device="cpu", mode="kernels")
     with outer.capture():
         with outer.span("outer range"):
             torch.ones(4).add_(1)
@@ -299,22 +314,54 @@ def test_captures_nest_across_timelines_and_refuse_a_foreign_profiler():
                 torch.ones(4).mul_(2)
         with pytest.raises(RuntimeError, match="inside another timeline's capture"):
             inner.spans()
-    assert [s.name for s in by(outer.spans(), "outer range") + by(outer.spans(), "inner range")] == \
-        ["outer range", "inner range"]
+    assert [(s.name, s.stream) for s in by(outer.spans(), "outer range") + by(outer.spans(), "inner range")] == \
+        [("outer range", "host"), ("inner range", "host")]
     assert [s.name for s in inner.spans() if s.kind == RANGE] == ["inner range"]  # only its own window
     with profile(activities=[ProfilerActivity.CPU]):
         with pytest.raises(RuntimeError, match="another torch.profiler"):
-            with Timeline(mode="kernels").capture():
+            with Timeline(device="cpu", mode="kernels").capture():
                 pass
 
 
+def test_ranges_that_launched_no_gpu_work_are_drawn_on_their_host_row():
+    """On a GPU (host_ops off, launches in the trace) the outer timeline of nested captures once dropped the
+    inner timeline's range because it launched no kernel. A range the user opened is drawn: over the work
+    it launched on each GPU row, else over its host time on its thread's row; its own ranges likewise."""
+    from course_utils.timeline.trace import OwnRange
+
+    trace = gpu_trace()
+    other = PID + 1  # another thread of the process, e.g. a backward or a data-loading thread
+    trace["traceEvents"] += [cpu("user_annotation", "inner timeline's span", 400, 30, 30),
+                             cpu("cpu_op", "aten::mul_", 405, 5, 31),  # CPU work only
+                             cpu("user_annotation", "on another thread", 410, 10, 32, tid=other),
+                             cpu("user_annotation", "my span", 440.2, 9.5, 33)]  # the first of this timeline's
+    own = [OwnRange("my span", "loader", 0.440), OwnRange("my span", None, 0.470)]
+    own[0].t1_ms, own[1].t1_ms = 0.450, 0.480
+    spans = spans_from_trace(trace, host_ops=False, own=own, main_tid=PID)
+    added = ("inner timeline's span", "on another thread", "my span")
+    got = sorted((s.name, s.kind, s.stream, s.start_ms, s.end_ms) for s in spans if s.name in added)
+    assert got == [("inner timeline's span", RANGE, "host", 0.400, 0.430),
+                   ("my span", RANGE, "host", 0.470, 0.480),  # no record_function in the trace: its host times
+                   ("my span", RANGE, "loader", pytest.approx(0.4402), pytest.approx(0.4497)),  # the trace's times
+                   ("on another thread", RANGE, f"host thread {other}", 0.410, 0.420)]
+    assert not by(spans, "aten::mul_")  # host_ops=False: CPU ops are not drawn
+    st = timeline_stats(spans)
+    assert "host" not in st.rows and st.rows == timeline_stats([s for s in spans if s.kind != RANGE]).rows
+    # without launch events kineto's GPU-side copy draws a range on its GPU row; no second copy on the host
+    no_launch = spans_from_trace(gpu_trace(with_launches=False), host_ops=False)
+    assert [s.stream for s in by(no_launch, "step")] == ["stream 7"]
+    assert [s.stream for s in by(no_launch, "inner")] == ["host"]  # no GPU-side copy of it in that trace
+
+
 def test_capture_is_a_no_op_in_host_mode():
-    tl = Timeline()  # no CUDA here: host mode
-    assert tl.mode == "host" and Timeline(mode="events").mode == "host"
+    tl = Timeline(device="cpu")  # the host clock, on any machine
+    assert tl.mode == "host" and Timeline(device="cpu", mode="events").mode == "host"
     with tl.capture():
         with tl.span("a"):
             pass
     assert [s.name for s in tl.spans()] == ["a"]
+    # mode=None picks kernels where CUDA is available (without initialising it here), else host
+    assert Timeline().mode == ("kernels" if torch.cuda.is_available() else "host")
 
 
 def _gloo_kernels_worker():
@@ -324,7 +371,11 @@ def _gloo_kernels_worker():
 
     from course_utils.timeline import Timeline
 
-    tl = Timeline(mode="kernels")
+    # kernels mode on the CPU: the profiler's CPU ops, gloo's collectives as communication. Stated, not left to
+    # the machine: on a GPU box a CUDA timeline would draw GPU work only (and the launcher hides GPUs from
+    # gloo ranks anyway).
+    tl = Timeline(device="cpu", mode="kernels")
+    assert not tl.uses_cuda
     dist.barrier()
     with tl.capture():
         if dist.get_rank() == 1:

@@ -121,6 +121,17 @@ class _Session:
 
 _ACTIVE: _Session | None = None
 _SESSIONS = 0
+_PROBE_BUFFERS: dict[Any, Any] = {}  # device -> 2 bytes the stream probes copy between, kept for the process
+
+
+def _probe_buffer(device: Any) -> Any:
+    """Two bytes on `device`, allocated once per process (torch.empty: no kernel) and never freed, so probes on
+    any stream may use them without record_stream; their contents do not matter."""
+    import torch
+
+    if device not in _PROBE_BUFFERS:
+        _PROBE_BUFFERS[device] = torch.empty(2, dtype=torch.uint8, device=device)
+    return _PROBE_BUFFERS[device]
 
 
 class KernelRecorder:
@@ -241,13 +252,19 @@ class KernelRecorder:
             self._probe(stream, label)
 
     def _probe(self, stream: Any, label: str) -> None:
-        """A one-cycle kernel on `stream` inside a record_function that names it: the trace then says which
-        profiler stream id the torch stream has (a torch stream does not know its CUPTI id)."""
+        """A 1-byte device-to-device copy on `stream` inside a record_function that names it: the trace then
+        says which profiler stream id the torch stream has (a torch stream does not know its CUPTI id).
+
+        A copy (cudaMemcpyAsync), not a kernel: with CUDA's lazy loading (the default since CUDA 12.2) the
+        first launch of a kernel in a process loads its module, and that waits for the whole GPU to go idle,
+        so a kernel probe could hold the host inside a capture, or at its start, until queued work finished.
+        """
         import torch
         from torch.profiler import record_function
 
+        buf = _probe_buffer(stream.device)
         with torch.cuda.stream(stream), record_function(PROBE + label):
-            torch.cuda._sleep(1)
+            buf[1:].copy_(buf[:1])  # same device, dtype, contiguous: one cudaMemcpyAsync on `stream`, no kernel
 
     def resolve(self) -> list[Span]:
         """Spans of every finished capture (raises while this timeline is still capturing)."""

@@ -15,7 +15,8 @@ Definitions (all on the spans' true times: bars widened for drawing never enter 
 - compute_overlap is ours (HTA has no such number): the fraction of compute time during which compute
   runs on two or more rows (streams) of one rank at once; it tells concurrent kernels from serialised ones.
 - a row's busy time is the union of its work; idle = makespan - busy. The makespan runs from the first
-  to the last span (marks excluded), over all rows.
+  to the last span over all rows, marks and named ranges excluded (a range is drawn over work, or over
+  host time where it launched none: it never stretches the numbers).
 A ratio is None where it does not apply (no communication, no copies, compute on fewer than two rows).
 """
 
@@ -111,9 +112,10 @@ def _compute_overlap(mine: list[Span]) -> tuple[float, float, int]:
 def timeline_stats(spans: list[Span]) -> TimelineStats:
     """Makespan, per-row busy/idle, and the overlaps defined in this module's docstring, for `spans`."""
     timed = [s for s in spans if s.kind != MARK]
-    if not timed:
+    extent = [s for s in timed if s.kind != RANGE]
+    if not extent:
         return TimelineStats(0.0, None, None)
-    t0, t1 = min(s.start_ms for s in timed), max(s.end_ms for s in timed)
+    t0, t1 = min(s.start_ms for s in extent), max(s.end_ms for s in extent)
     makespan = t1 - t0
     multi = len({s.rank for s in spans}) > 1
     by_row: dict[str, list[Span]] = {}

@@ -13,7 +13,12 @@ What a torch.profiler trace becomes (`spans_from_trace`):
   `range` spans on each GPU row, from the first to the last kernel launched while the range was open
   (kernel and launch are joined by their "correlation" arg). That also covers ranges nested in ranges,
   which kineto's own "gpu_user_annotation" events miss; those are used only for traces without launch
-  events. Ranges are drawn over work and never counted as busy time.
+  events. A range that launched no GPU work is still drawn, over its host time on its thread's host row
+  ("host", or a timeline's own row label), whatever host_ops says: the user opened it, so it shows.
+  Ranges are drawn over work and never counted as busy time.
+- stream probes (a timeline's record_function "course_utils.timeline stream: <label>" around a 1-byte
+  copy on a stream) name that stream's row when the label is one of `stream_names`; their work is
+  dropped whatever the label (another timeline's probes, in nested captures, are not work either).
 - with host_ops, each thread's top-level CPU ops become spans on "host" (the recording thread) or
   "host thread <tid>": kind host when the trace has GPU work (the host launching it), kind compute when
   it has none (on a CPU the ops are the computation). Communication ops ("gloo:...", "nccl:...",
@@ -109,8 +114,9 @@ def from_profiler(trace: Any, rank: int | None = None, host_ops: bool = True) ->
 
     GPU work (kernels, memcpys, memsets) goes to rows "stream N" (the profiler's stream id; "comm" for
     streams that run NCCL kernels, prefixed "cuda:D" for devices other than the busiest), named ranges
-    (record_function) become `range` spans over the work they launched, and with host_ops the top-level
-    CPU ops of each thread become spans (host launches next to GPU work; compute and comm without it).
+    (record_function) become `range` spans over the work they launched (over their host time on their
+    thread's row when they launched none), and with host_ops the top-level CPU ops of each thread become
+    spans (host launches next to GPU work; compute and comm without it).
     Times are ms from the trace's base time (its `ts` / 1000); rank comes from the trace's
     distributedInfo when not given. The rules are in this module's docstring.
     """
@@ -126,7 +132,7 @@ LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
 # CPU-side names of collectives: the backends' own ranges, c10d's ops (incl. functional collectives), and
 # the op PyTorch wraps every collective in. Anchored at the start, so aten::broadcast_tensors is not one.
 COMM_OP = re.compile(r"^(gloo:|nccl:|ucc:|mpi:|c10d::|_c10d_functional::|c10d_functional::|record_param_comms$)")
-PROBE = "course_utils.timeline stream: "  # record_function around a tiny kernel that tells a stream's id
+PROBE = "course_utils.timeline stream: "  # record_function around a 1-byte copy that tells a stream's id
 ANCHOR = "course_utils.timeline anchor "  # record_function that ties the trace's clock to perf_counter
 
 
@@ -185,7 +191,7 @@ def spans_from_trace(data: dict[str, Any], rank: int = 0, host_ops: bool = True,
     """Spans from a torch.profiler Chrome trace dict (rules in the module docstring).
 
     to_ms maps a trace `ts` (µs) to output ms (default ts / 1000). stream_names: the labels of the streams
-    probed during the capture (a probe's kernel tells which profiler stream carries that label).
+    probed during the capture (a probe's copy or kernel tells which profiler stream carries that label).
     device: the main GPU (others get a "cuda:D " prefix); default the busiest. own: a timeline's own
     ranges, drawn even where they launched no GPU work. window: (start, end) in output ms; only work
     launched (or CPU ops started) inside it is kept.
@@ -219,21 +225,30 @@ def spans_from_trace(data: dict[str, Any], rank: int = 0, host_ops: bool = True,
                 out += by_corr.get(corr, [])
         return out
 
-    # Which (device, stream) is which named stream: the probes' kernels say.
+    # Which (device, stream) is which named stream: the probes' work says. Every probe's work is dropped,
+    # also that of probes whose label this timeline does not know (another timeline's, in nested captures).
     names: dict[tuple[int, int], str] = {}
     probe_events: set[int] = set()
     for a in annotations:
         name = str(a.get("name", ""))
-        if name.startswith(PROBE) and name[len(PROBE):] in stream_names:
+        if name.startswith(PROBE):
             for k in launched_between(t0(a), t1(a), a.get("tid")):
-                names.setdefault(_row_key(k), name[len(PROBE):])
+                if name[len(PROBE):] in stream_names:
+                    names.setdefault(_row_key(k), name[len(PROBE):])
                 probe_events.add(id(k))
-    for a in (e for e in events if _cat(e) == "gpu_user_annotation"):  # traces without launch events
+    gpu_annotations = [e for e in events if _cat(e) == "gpu_user_annotation"]
+    for a in gpu_annotations:  # traces without launch events
         name = str(a.get("name", ""))
-        if not launches and name.startswith(PROBE) and name[len(PROBE):] in stream_names:
+        if not launches and name.startswith(PROBE):
             key = (int(a.get("pid", 0)), int(a.get("tid", 0)))
-            names.setdefault(key, name[len(PROBE):])
+            if name[len(PROBE):] in stream_names:
+                names.setdefault(key, name[len(PROBE):])
             probe_events |= {id(k) for k in gpu if _row_key(k) == key and t0(a) <= t0(k) and t1(k) <= t1(a)}
+    # Without launch events kineto's GPU-side copy of a range (same External id) draws it on its GPU row.
+    on_gpu_rows = set() if launches else {(e.get("args") or {}).get("External id") for e in gpu_annotations}
+
+    def drawn_by_kineto(ann: dict[str, Any] | None) -> bool:
+        return ann is not None and (ann.get("args") or {}).get("External id", object()) in on_gpu_rows
 
     def kept(e: dict[str, Any]) -> bool:
         if window is None:
@@ -286,11 +301,13 @@ def spans_from_trace(data: dict[str, Any], rank: int = 0, host_ops: bool = True,
         by_name.setdefault(str(a.get("name", "")), []).append((t0(a), i))
     for starts in by_name.values():
         starts.sort()
+    # A range that launched no GPU work is drawn over its host time (module docstring), never dropped.
     matched: set[int] = set()
     for r in own or []:
         starts = by_name.get(r.name, [])
         k = bisect.bisect_left(starts, (r.t0_ms, -1))
         near = [j for j in (k - 1, k) if 0 <= j < len(starts) and abs(starts[j][0] - r.t0_ms) < 1.0]
+        best = None
         if near:  # its record_function in the trace: the profiler's own times for the range
             j = min(near, key=lambda j: abs(starts[j][0] - r.t0_ms))
             best = ours[starts.pop(j)[1]]
@@ -299,16 +316,18 @@ def spans_from_trace(data: dict[str, Any], rank: int = 0, host_ops: bool = True,
         else:
             a, b = r.t0_ms, r.t1_ms
         found = range_spans(r.name, a, b, None) if launches else []
-        spans += found or [Span(r.name, RANGE, rank, r.label or "host", a, b)]
-    for ann in ours:
+        if not found and not drawn_by_kineto(best):
+            found = [Span(r.name, RANGE, rank, r.label or "host", a, b)]
+        spans += found
+    for ann in ours:  # ranges this timeline did not open: the user's record_function, another timeline's spans
         if id(ann) in matched or COMM_OP.match(str(ann.get("name", ""))) or not kept(ann):
             continue
         found = range_spans(str(ann.get("name", "")), t0(ann), t1(ann), ann.get("tid")) if launches else []
-        if not found and host_ops:
+        if not found and not drawn_by_kineto(ann):
             found = [Span(str(ann.get("name", "")), RANGE, rank, host_row(ann.get("tid")), t0(ann), t1(ann))]
         spans += found
     if not launches:  # kineto's own GPU-side ranges, for traces without launch events
-        for g in (e for e in events if _cat(e) == "gpu_user_annotation"):
+        for g in gpu_annotations:
             name = str(g.get("name", ""))
             if not _internal(name) and kept(g):
                 key = (int(g.get("pid", 0)), int(g.get("tid", 0)))
