@@ -9,11 +9,22 @@ Events mode (CUDA events): stream progress, cheap, no sync while recording, wait
 
 Kernels of known length are torch.cuda._sleep(cycles), calibrated once (course_utils.measure). Every test
 prints what it measured. Set TIMELINE_PNG_DIR to also save the pictures these tests draw.
+
+Warm-up before anything timed (`_warm_up`): with CUDA's lazy loading the first launch of a kernel in a
+process loads its module, and that load waits for the whole GPU to go idle (measured on the H100: a first
+launch held the host for the 50 ms queued on another stream); the profiler's first start in a process
+pays once too. So each timing test first runs, untimed, every kernel it launches and one throwaway
+capture. Structural facts (order, containment, causality) are asserted on every run; timing verdicts on
+the best of a few.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
+import textwrap
 import time
 
 import matplotlib
@@ -56,6 +67,32 @@ def _work(spans, row=None, kind=None):
                    and (kind is None or s.kind == kind)), key=lambda s: s.start_ms)
 
 
+def _warm_up(*streams, extra=None) -> None:
+    """Run, untimed, what a test is about to time (module docstring): on each stream a sleep kernel and
+    `extra()` (the test's other kernels) inside a throwaway kernels-mode capture that names the stream (its
+    probe), then inside an events-mode span."""
+    streams = streams or (torch.cuda.current_stream(),)
+    torch.cuda.synchronize()
+    tl = Timeline(mode="kernels")
+    for i, s in enumerate(streams):
+        tl.name_stream(s, f"warm-up {i}")
+    with tl.capture():
+        for s in streams:
+            with tl.span("warm-up", stream=s):
+                torch.cuda._sleep(1000)
+                if extra is not None:
+                    extra()
+    tl.spans()
+    ev = Timeline(mode="events")
+    for s in streams:
+        with ev.span("warm-up", stream=s):
+            torch.cuda._sleep(1000)
+            if extra is not None:
+                extra()
+    ev.spans()
+    torch.cuda.synchronize()
+
+
 # ------------------------------------------------------------------ kernels mode
 def test_kernels_mode_is_the_default_and_falls_back_to_events_outside_a_capture():
     tl = Timeline()
@@ -72,10 +109,10 @@ def test_kernels_mode_is_the_default_and_falls_back_to_events_outside_a_capture(
         tl2.span("after the capture")
 
 
-def test_sleep_kernels_on_two_side_streams_overlap_and_on_one_stream_follow(rate):
+def _two_then_one(rate, s1, s2):
+    """A and B on two side streams, then C and D one after the other on side stream 1; kernels mode."""
     from torch.profiler import record_function
 
-    s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
     tl = Timeline(mode="kernels")
     tl.name_stream(s1, "side stream 1")
     tl.name_stream(s2, "side stream 2")
@@ -91,26 +128,39 @@ def test_sleep_kernels_on_two_side_streams_overlap_and_on_one_stream_follow(rate
             sleep_ms(10, rate)
         with torch.cuda.stream(s1), record_function("D (the user's own record_function)"):
             sleep_ms(10, rate)
-    spans = tl.spans()
-    one, two = _work(spans, "side stream 1"), _work(spans, "side stream 2")
-    print(f"\n[kernels] side 1: {[(round(s.start_ms, 3), round(s.duration_ms, 3)) for s in one]}; "
-          f"side 2: {[(round(s.start_ms, 3), round(s.duration_ms, 3)) for s in two]}")
-    assert len(one) == 3 and len(two) == 1, [(s.name, s.stream) for s in spans]  # probes are not work
-    a, c, d = one
-    (b,) = two
-    assert _overlap(a, b) > 0.8 * a.duration_ms  # two streams: the kernels really ran together
-    assert _overlap(c, d) == 0 and d.start_ms >= c.end_ms and c.start_ms >= max(a.end_ms, b.end_ms) - 0.01
-    durations = [s.duration_ms for s in (a, b, c, d)]
-    assert max(durations) / min(durations) < 1.05, durations
-    ranges = {s.name: s for s in spans if s.kind == RANGE}
-    assert ranges["A"].stream == "side stream 1" and ranges["B"].stream == "side stream 2"
-    assert ranges["D (the user's own record_function)"].stream == "side stream 1"
-    assert ranges["A"].start_ms == pytest.approx(a.start_ms) and ranges["A"].end_ms == pytest.approx(a.end_ms)
-    st = tl.stats()
-    print(f"[kernels] compute on 2+ streams {st.compute_overlap:.3f}, "
-          f"side 1 busy {st.rows['side stream 1'].busy_ms:.3f} ms")
-    assert st.compute_overlap == pytest.approx(1 / 3, abs=0.05)  # A || B, then C, D: 10 of 30 ms
-    assert st.rows["side stream 1"].busy_ms == pytest.approx(sum(durations[0::2]) + durations[3], rel=0.01)
+    return tl
+
+
+def test_sleep_kernels_on_two_side_streams_overlap_and_on_one_stream_follow(rate):
+    s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+    _warm_up(s1, s2)
+    runs = []
+    for _ in range(3):
+        tl = _two_then_one(rate, s1, s2)
+        spans = tl.spans()
+        one, two = _work(spans, "side stream 1"), _work(spans, "side stream 2")
+        print(f"\n[kernels] side 1: {[(round(s.start_ms, 3), round(s.duration_ms, 3)) for s in one]}; "
+              f"side 2: {[(round(s.start_ms, 3), round(s.duration_ms, 3)) for s in two]}")
+        assert len(one) == 3 and len(two) == 1, [(s.name, s.stream) for s in spans]  # probes are not work
+        a, c, d = one
+        (b,) = two
+        # order and placement hold in every run
+        assert _overlap(c, d) == 0 and d.start_ms >= c.end_ms and c.start_ms >= max(a.end_ms, b.end_ms) - 0.01
+        ranges = {s.name: s for s in spans if s.kind == RANGE}
+        assert ranges["A"].stream == "side stream 1" and ranges["B"].stream == "side stream 2"
+        assert ranges["D (the user's own record_function)"].stream == "side stream 1"
+        assert ranges["A"].start_ms == pytest.approx(a.start_ms) and ranges["A"].end_ms == pytest.approx(a.end_ms)
+        durations = [s.duration_ms for s in (a, b, c, d)]
+        st = tl.stats()
+        assert st.rows["side stream 1"].busy_ms == pytest.approx(sum(durations[0::2]) + durations[3], rel=0.01)
+        print(f"[kernels] durations {[round(x, 3) for x in durations]} ms, A/B overlap {_overlap(a, b):.3f} ms, "
+              f"compute on 2+ streams {st.compute_overlap:.3f}")
+        runs.append((max(durations) / min(durations), _overlap(a, b) / a.duration_ms, st.compute_overlap, tl))
+    # timing verdicts on the best run (another process on the GPU can only stretch kernels or serialise them)
+    ratio, ab, overlap, tl = min(runs, key=lambda r: r[0])
+    assert ratio < 1.05  # four equal sleeps take equal kernel time
+    assert max(r[1] for r in runs) > 0.8  # two streams: the kernels really ran together
+    assert min(abs(r[2] - 1 / 3) for r in runs) < 0.05  # A || B, then C, D: 10 of 30 ms on two streams
     _save(tl.plot(title="kernels: two side streams, then one"), "kernels_streams.png")
 
 
@@ -136,7 +186,7 @@ def test_matmuls_that_fill_the_gpu_barely_overlap_in_kernels_mode_though_events_
     for s in (s1, s2):  # warm-up: cuBLAS handle and workspace on each stream
         with torch.cuda.stream(s):
             x @ x
-    torch.cuda.synchronize()
+    _warm_up(s1, s2)  # the profiler's first start, the probes
     kernels, events = [], []
     for _ in range(3):  # best of three: noise only adds overlap
         k = _contended("kernels", x, s1, s2)
@@ -156,9 +206,11 @@ def test_matmuls_that_fill_the_gpu_barely_overlap_in_kernels_mode_though_events_
 
 def test_recording_never_synchronises_inside_a_capture(rate):
     s = torch.cuda.Stream()
-    tl = Timeline(mode="kernels")
     x = torch.ones(4, device="cuda")
-    torch.cuda.synchronize()
+    # x.add_(1)'s first launch in this process would load its kernel, waiting for the sleeps queued before it
+    # (the lazy load, not the timeline): run it, the sleep, the probe and a capture once, untimed
+    _warm_up(s, extra=lambda: x.add_(1))
+    tl = Timeline(mode="kernels")
     with tl.capture():
         torch.cuda.set_sync_debug_mode("error")  # any synchronising call in here raises
         try:
@@ -194,26 +246,35 @@ def test_sync_debug_mode_would_catch_a_sync():
 
 
 def test_kernel_times_sit_on_the_host_clock(rate):
+    """Once saw the kernel start 2.1 ms after its launch on an idle GPU; the same pattern run 8 times on the H100
+    gave start gaps -0.007..-0.023 ms: a first-capture or first-launch effect, hence the warm-up."""
     s = torch.cuda.Stream()
-    tl = Timeline(mode="kernels")
-    tl.name_stream(s, "side")
-    torch.cuda.synchronize()
-    with tl.capture():
-        with tl.span("launch", kind="host"):
-            with torch.cuda.stream(s):
-                sleep_ms(30, rate)
-        with tl.span("s.synchronize()", kind="host"):
-            s.synchronize()
-    spans = tl.spans()
-    (kernel,) = [k for k in _work(spans, "side") if k.duration_ms > 1]
-    launch, wait = (next(x for x in spans if x.name == n) for n in ("launch", "s.synchronize()"))
-    print(f"\n[clock] kernel {kernel.start_ms:.3f}-{kernel.end_ms:.3f}, launch {launch.start_ms:.3f}-"
-          f"{launch.end_ms:.3f}, wait ends {wait.end_ms:.3f} ms; "
-          f"profiler clock ± {tl.clock_uncertainty_ms * 1e3:.1f} µs")
-    assert tl.clock_uncertainty_ms < 0.05
-    assert launch.start_ms - 0.05 < kernel.start_ms < launch.end_ms + 0.5  # an idle GPU starts it at once
+    _warm_up(s)
+    runs = []
+    for _ in range(3):
+        tl = Timeline(mode="kernels")
+        tl.name_stream(s, "side")
+        torch.cuda.synchronize()
+        with tl.capture():
+            with tl.span("launch", kind="host"):
+                with torch.cuda.stream(s):
+                    sleep_ms(30, rate)
+            with tl.span("s.synchronize()", kind="host"):
+                s.synchronize()
+        spans = tl.spans()
+        (kernel,) = [k for k in _work(spans, "side") if k.duration_ms > 1]
+        launch, wait = (next(x for x in spans if x.name == n) for n in ("launch", "s.synchronize()"))
+        print(f"\n[clock] kernel {kernel.start_ms:.3f}-{kernel.end_ms:.3f}, launch {launch.start_ms:.3f}-"
+              f"{launch.end_ms:.3f}, wait ends {wait.end_ms:.3f} ms: start gap {kernel.start_ms - launch.end_ms:+.3f}, "
+              f"end gap {wait.end_ms - kernel.end_ms:+.3f} ms; profiler clock ± {tl.clock_uncertainty_ms * 1e3:.1f} µs")
+        # causality holds in every run: no kernel starts before its launch, no wait ends before its kernel
+        assert tl.clock_uncertainty_ms < 0.05
+        assert kernel.start_ms > launch.start_ms - 0.05
+        assert kernel.end_ms <= wait.end_ms + 0.05
+        runs.append((kernel, launch, wait))
+    kernel, launch, wait = min(runs, key=lambda r: r[0].start_ms - r[1].end_ms)
+    assert kernel.start_ms < launch.end_ms + 0.5  # an idle GPU starts it at once
     assert kernel.end_ms == pytest.approx(wait.end_ms, abs=0.5)  # the host wakes when the kernel ends
-    assert kernel.end_ms <= wait.end_ms + 0.05  # ...never before it
 
 
 def test_pinned_copy_is_h2d_and_hides_under_a_matmul():
@@ -224,7 +285,7 @@ def test_pinned_copy_is_h2d_and_hides_under_a_matmul():
     with torch.cuda.stream(compute_s):
         x @ x
     dev.copy_(host, non_blocking=True)
-    torch.cuda.synchronize()
+    _warm_up(compute_s, copy_s)
     tl = Timeline(mode="kernels")
     tl.name_stream(compute_s, "compute")
     tl.name_stream(copy_s, "copy")
@@ -244,19 +305,104 @@ def test_pinned_copy_is_h2d_and_hides_under_a_matmul():
 
 def test_kernel_times_agree_with_events(rate):
     s = torch.cuda.Stream()
-    torch.cuda.synchronize()
-    ev = Timeline(mode="events")
-    with ev.span("sleep 10 ms", stream=s):
-        sleep_ms(10, rate)
-    tl = Timeline(mode="kernels")
-    torch.cuda.synchronize()
-    with tl.capture():
-        with tl.span("sleep 10 ms", stream=s):
+    _warm_up(s)
+    pairs = []
+    for _ in range(3):
+        torch.cuda.synchronize()
+        ev = Timeline(mode="events")
+        with ev.span("sleep 10 ms", stream=s):
             sleep_ms(10, rate)
-    (k,) = [x for x in _work(tl.spans()) if x.duration_ms > 1]
-    (e,) = ev.spans()
-    print(f"\n[agree] sleep: events {e.duration_ms:.4f} ms, kernels {k.duration_ms:.4f} ms")
-    assert k.duration_ms == pytest.approx(e.duration_ms, rel=0.05)
+        tl = Timeline(mode="kernels")
+        torch.cuda.synchronize()
+        with tl.capture():
+            with tl.span("sleep 10 ms", stream=s):
+                sleep_ms(10, rate)
+        (k,) = [x for x in _work(tl.spans()) if x.duration_ms > 1]
+        (e,) = ev.spans()
+        print(f"\n[agree] sleep: events {e.duration_ms:.4f} ms, kernels {k.duration_ms:.4f} ms")
+        pairs.append((k.duration_ms, e.duration_ms))
+    assert min(abs(k / e - 1) for k, e in pairs) < 0.05
+
+
+_FRESH_PROCESS = textwrap.dedent("""
+    import json, time, torch
+    from course_utils.timeline import Timeline
+
+    x = torch.randn(4096, 4096, device="cuda")
+    x @ x
+    torch.cuda.synchronize()  # the matmul's kernel is loaded; no other kernel has run in this process
+    s = torch.cuda.Stream()
+    tl = Timeline(mode="kernels")
+    out = {}
+    with tl.capture():
+        t0 = time.perf_counter()
+        for _ in range(40):
+            x @ x  # about 100 ms of matmuls queued on the default stream
+        t1 = time.perf_counter()
+        tl.name_stream(s, "side")  # its probe runs on s while the matmuls run
+        t2 = time.perf_counter()
+        out["busy_after_naming"] = not torch.cuda.current_stream().query()
+        with torch.cuda.stream(s):
+            x @ x
+        torch.cuda.current_stream().synchronize()
+    out.update(queue_ms=(t1 - t0) * 1e3, name_ms=(t2 - t1) * 1e3)
+    spans = tl.spans()
+    out["side_rows"] = sorted({sp.stream for sp in spans if sp.kind == "compute" and sp.stream == "side"})
+    out["copies"] = [sp.name for sp in spans if sp.kind in ("h2d", "d2h", "d2d")]
+    # the control: the first launch of a kernel this process has never run, with the GPU busy again
+    for _ in range(40):
+        x @ x
+    t3 = time.perf_counter()
+    torch.cuda._sleep(1)
+    out.update(first_kernel_ms=(time.perf_counter() - t3) * 1e3,
+               busy_after_first_kernel=not torch.cuda.current_stream().query())
+    torch.cuda.synchronize()
+    print(json.dumps(out))
+""")
+
+
+def test_naming_a_stream_never_waits_for_the_gpu_even_in_a_fresh_process():
+    """Kernels mode tells a stream's profiler id by a probe on it. A kernel probe's first launch in a process
+    would load its module, which waits for the whole GPU to go idle (CUDA lazy loading); the probe is a 1-byte
+    copy. In a fresh process whose only loaded kernel is the matmul, naming a stream inside a capture while
+    ~100 ms of matmuls are queued returns at once, the matmuls still running, and the row gets its name.
+    Printed as a control, not asserted: the first launch of a kernel never run before, with the GPU busy."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run([sys.executable, "-c", _FRESH_PROCESS], cwd=root, capture_output=True, text=True,
+                          timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    print(f"\n[fresh probe] {out}")
+    assert out["busy_after_naming"] and out["name_ms"] < 5.0
+    assert out["side_rows"] == ["side"]  # the probe named the row
+    assert out["copies"] == []  # the probes' copies are not the user's work
+
+
+def test_nested_captures_on_a_gpu_draw_inner_ranges_with_and_without_kernels(rate):
+    """The outer timeline of nested captures once dropped the inner timeline's range that launched no kernel
+    (host_ops is off with CUDA). Every named range is drawn: over its kernels on their row, else on the host."""
+    s = torch.cuda.Stream()
+    _warm_up(s)
+    outer, inner = Timeline(mode="kernels"), Timeline(mode="kernels")
+    outer.name_stream(s, "side")
+    inner.name_stream(s, "inner side")
+    with outer.capture():
+        with outer.span("outer, host work only"):
+            torch.ones(4).add_(1)  # a CPU tensor: no kernel
+        with inner.capture():
+            with inner.span("inner, host work only"):
+                torch.ones(4).mul_(2)
+            with inner.span("inner, a sleep on side", stream=s):
+                sleep_ms(2, rate)
+    got = sorted((sp.name, sp.stream) for sp in outer.spans() if sp.kind == RANGE)
+    got_inner = sorted((sp.name, sp.stream) for sp in inner.spans() if sp.kind == RANGE)
+    print(f"\n[nested] outer's ranges {got}; inner's {got_inner}")
+    assert got == [("inner, a sleep on side", "side"), ("inner, host work only", "host"),
+                   ("outer, host work only", "host")]
+    assert got_inner == [("inner, a sleep on side", "inner side"), ("inner, host work only", "host")]
+    for tl in (outer, inner):  # each names rows by its own probes; neither's probe copies are work
+        assert [sp.name for sp in tl.spans() if sp.kind == "d2d"] == []
+        assert len([sp for sp in _work(tl.spans()) if sp.duration_ms > 1]) == 1
 
 
 # ------------------------------------------------------------------ kernels mode, two ranks on NCCL
@@ -323,6 +469,11 @@ def _nccl_merge_worker(runs: int):
     grad = torch.ones(1 << 20, device="cuda")
     x @ x
     dist.all_reduce(grad)  # warm-up: cuBLAS, the NCCL communicator
+    warm = Timeline(mode="kernels")  # and the profiler's first start in this process, not one of the 20 runs
+    with warm.capture():
+        x @ x
+        dist.all_reduce(grad)
+    warm.spans()
     torch.cuda.synchronize()
     results = []
     for _ in range(runs):
@@ -369,38 +520,68 @@ def test_ranks_on_one_host_merge_on_one_clock_no_collective_ends_before_its_last
 
 
 # ------------------------------------------------------------------ events mode: stream progress
-def test_events_spans_on_two_side_streams_overlap_and_on_one_stream_follow(rate):
-    s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
-    tl = Timeline(mode="events")
-    assert tl.uses_cuda
-    tl.name_stream(s1, "side stream 1")
-    tl.name_stream(s2, "side stream 2")
+def _events_over_kernels(rate, s1, s2):
+    """A and B on two side streams, then C and D on side stream 1, recorded in events mode *inside* a
+    kernels-mode capture: event records are not kernels, so the capture sees the very sleep kernels that
+    the event spans bracket. Returns (event spans A-D, their kernels A-D, the two timelines)."""
+    ev, kt = Timeline(mode="events"), Timeline(mode="kernels")
+    assert ev.uses_cuda
+    for tl in (ev, kt):
+        tl.name_stream(s1, "side stream 1")
+        tl.name_stream(s2, "side stream 2")
     torch.cuda.synchronize()
-    with tl.span("A: sleep 10 ms", stream=s1):
-        sleep_ms(10, rate)
-    with tl.span("B: sleep 10 ms", stream=s2):
-        sleep_ms(10, rate)
-    s2.wait_stream(s1)
-    s1.wait_stream(s2)
-    with tl.span("C: sleep 10 ms", stream=s1):
-        sleep_ms(10, rate)
-    with tl.span("D: sleep 10 ms", stream=s1):
-        sleep_ms(10, rate)
-    sp = {s.name[0]: s for s in tl.spans()}
-    a, b, c, d = sp["A"], sp["B"], sp["C"], sp["D"]
-    assert (a.stream, b.stream, c.stream) == ("side stream 1", "side stream 2", "side stream 1")
-    assert _overlap(a, b) > 0.8 * a.duration_ms
-    assert _overlap(c, d) == 0 and d.start_ms >= c.end_ms
-    durations = [s.duration_ms for s in (a, b, c, d)]
-    print(f"\n[events] A B C D ms: {[round(x, 3) for x in durations]}, A/B overlap {_overlap(a, b):.3f} ms")
-    assert max(durations) / min(durations) < 1.05, durations
-    fig = tl.plot(title="events: two side streams, then one")
+    with kt.capture():
+        with ev.span("A: sleep 10 ms", stream=s1):
+            sleep_ms(10, rate)
+        with ev.span("B: sleep 10 ms", stream=s2):
+            sleep_ms(10, rate)
+        s2.wait_stream(s1)
+        s1.wait_stream(s2)
+        with ev.span("C: sleep 10 ms", stream=s1):
+            sleep_ms(10, rate)
+        with ev.span("D: sleep 10 ms", stream=s1):
+            sleep_ms(10, rate)
+    sp = {s.name[0]: s for s in ev.spans()}
+    kspans = kt.spans()
+    (ka, kc, kd), (kb,) = _work(kspans, "side stream 1"), _work(kspans, "side stream 2")
+    return [sp[n] for n in "ABCD"], [ka, kb, kc, kd], ev, kt
+
+
+def test_events_spans_on_two_side_streams_overlap_and_on_one_stream_follow(rate):
+    """Events mode guarantees stream progress: each span holds its kernel (so it is never shorter), spans on
+    two streams overlap where the kernels did, spans on one stream follow each other. It does not promise
+    kernel time: a span also holds any wait of its stream (once measured: D 11.78 ms for a 10 ms sleep).
+    Equal sleeps taking equal time is a claim about kernel time, so it is checked on the kernels (best of 3)."""
+    s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+    _warm_up(s1, s2)
+    ratios = []
+    for _ in range(3):
+        (a, b, c, d), kernels, ev, kt = _events_over_kernels(rate, s1, s2)
+        durations = [x.duration_ms for x in (a, b, c, d)]
+        kernel_ms = [k.duration_ms for k in kernels]
+        print(f"\n[events] A B C D span ms {[round(x, 3) for x in durations]}, their kernels "
+              f"{[round(x, 3) for x in kernel_ms]}; A/B overlap: spans {_overlap(a, b):.3f}, kernels "
+              f"{_overlap(kernels[0], kernels[1]):.3f} ms")
+        assert (a.stream, b.stream, c.stream, d.stream) == ("side stream 1", "side stream 2", "side stream 1",
+                                                            "side stream 1")
+        assert _overlap(c, d) == 0 and d.start_ms >= c.end_ms  # one stream: in order
+        slack = 0.1 + ev.anchor_uncertainty_ms + kt.clock_uncertainty_ms  # two GPU-to-host clock mappings
+        for span, k in zip((a, b, c, d), kernels, strict=True):
+            assert span.duration_ms >= 0.99 * k.duration_ms, (span, k)  # never shorter than its kernel
+            assert span.start_ms <= k.start_ms + slack and span.end_ms >= k.end_ms - slack, (span, k)
+        assert _overlap(a, b) >= _overlap(kernels[0], kernels[1]) - slack  # overlap shown where it happened
+        ratios.append((max(kernel_ms) / min(kernel_ms), _overlap(kernels[0], kernels[1]) / kernel_ms[0], ev))
+    best, ab, ev = min(ratios, key=lambda r: r[0])
+    assert best < 1.05  # kernel time: four equal sleeps
+    assert max(r[1] for r in ratios) > 0.8  # A and B really ran together
+    fig = ev.plot(title="events: two side streams, then one")
     assert "stream progress" in fig.axes[0].get_ylabel()
     _save(fig, "events_streams.png")
 
 
 def test_events_wait_inside_a_span_is_waiting_not_work(rate):
     producer, consumer = torch.cuda.Stream(), torch.cuda.Stream()
+    _warm_up(producer, consumer)
     tl = Timeline(mode="events")
     tl.name_stream(producer, "producer")
     tl.name_stream(consumer, "consumer")
@@ -450,6 +631,7 @@ def test_events_recording_never_synchronises_and_the_host_runs_ahead(rate):
 
 def test_events_spans_wait_once_for_unfinished_work(rate):
     s = torch.cuda.Stream()
+    _warm_up(s)
     tl = Timeline(mode="events")
     torch.cuda.synchronize()
     with tl.span("50 ms", stream=s):
@@ -463,6 +645,7 @@ def test_events_spans_wait_once_for_unfinished_work(rate):
 
 def test_events_host_spans_share_the_time_axis_with_cuda_spans(rate):
     s = torch.cuda.Stream()
+    _warm_up(s)
     tl = Timeline(mode="events")
     torch.cuda.synchronize()
     with tl.span("kernel 30 ms", stream=s):
