@@ -330,7 +330,7 @@ _FRESH_PROCESS = textwrap.dedent("""
 
     x = torch.randn(4096, 4096, device="cuda")
     x @ x
-    torch.cuda.synchronize()  # the matmul's kernel is loaded; no other kernel has run in this process
+    torch.cuda.synchronize()  # randn's and the matmul's kernels are loaded; no other kernel has run here
     s = torch.cuda.Stream()
     tl = Timeline(mode="kernels")
     out = {}
@@ -364,7 +364,7 @@ _FRESH_PROCESS = textwrap.dedent("""
 def test_naming_a_stream_never_waits_for_the_gpu_even_in_a_fresh_process():
     """Kernels mode tells a stream's profiler id by a probe on it. A kernel probe's first launch in a process
     would load its module, which waits for the whole GPU to go idle (CUDA lazy loading); the probe is a 1-byte
-    copy. In a fresh process whose only loaded kernel is the matmul, naming a stream inside a capture while
+    copy. In a fresh process that has run only randn and matmuls, naming a stream inside a capture while
     ~100 ms of matmuls are queued returns at once, the matmuls still running, and the row gets its name.
     Printed as a control, not asserted: the first launch of a kernel never run before, with the GPU busy."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
