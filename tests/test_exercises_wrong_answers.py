@@ -2,7 +2,8 @@
 
 tests/wrong_answers/<notebook stem>/<exercise id>.py replaces the exercise's solution block (markers included;
 `### NEXT SOLUTION` lines split it over several blocks); variants are named <exercise id>__<what>.py. The main
-wrong answers of a notebook go into one submission; each variant into a submission of its own; the grader
+wrong answers of a notebook go into one submission; each variant into a submission of its own (its other
+exercises left unsolved, so only the variant is probed); the grader
 (course_utils.grading) grades them all in one pass per notebook. On a CPU-only machine a GPU exercise may skip
 (0 points) instead of failing; under COURSE_REQUIRE_GPU=1 it must fail. Exercises are discovered in
 notebooks/*.ipynb when the tests run.
@@ -74,11 +75,12 @@ def test_wrong_answers_fail_their_checks(grader, master, tmp_path):
     if not main:
         pytest.fail(f"no wrong answers for {master.name}")
     subs = {"all_wrong": main} | {f.stem: {f.stem.split("__")[0]: f.read_text()} for f in files if "__" in f.stem}
+    stubs = {ex.grade_id: release.STUB for ex in _exercises(master)}  # a variant's other exercises: not attempted
     items = []
     for name, answers in subs.items():
         path = tmp_path / name / master.name
         path.parent.mkdir()
-        path.write_text(release.dumps(release.substitute(nb, answers, str(master))))
+        path.write_text(release.dumps(release.substitute(nb, {**stubs, **answers}, str(master))))
         items.append((path, master))
     allowed = {"failed"} if checks.require_gpu_mode() else {"failed", "skipped"}
     problems = []

@@ -11,6 +11,7 @@ got through would change only copies, and the tests see it.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -48,14 +49,28 @@ def registered(master: assemble.Master) -> dict[str, str]:
     return out
 
 
-def indents(master: assemble.Master) -> dict[str, list[bool]]:
-    """For each exercise, for each of its solution blocks: does the block sit in a function body?"""
+def _enclosing(lines: list[str], b: int) -> str:
+    """What the block starting at line b sits in: "def" (a function body), "class" (a class body) or ""."""
+    indent = len(lines[b]) - len(lines[b].lstrip())
+    for line in reversed(lines[:b]):
+        stripped = line.lstrip()
+        if indent and stripped and len(line) - len(stripped) < indent:
+            if re.match(r"(async\s+)?def\b", stripped):
+                return "def"
+            if stripped.startswith("class "):
+                return "class"
+            indent = len(line) - len(stripped)  # an if/for/with: look further out
+    return ""
+
+
+def indents(master: assemble.Master) -> dict[str, list[str]]:
+    """For each exercise, for each of its solution blocks: "def", "class" or "" (see _enclosing)."""
     out = {}
     for ex in master.exercises:
         flags = []
         for i in ex.solutions:
             lines = master.source(i).split("\n")
-            flags += [lines[b] != lines[b].lstrip() for b, _ in release._blocks(master.source(i), "master")]
+            flags += [_enclosing(lines, b) for b, _ in release._blocks(master.source(i), "master")]
         out[ex.grade_id] = flags
     return out
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import select
+import signal
 import socket
 import subprocess
 import sys
@@ -94,9 +95,12 @@ class ProbeServer:
 
     def _read(self, sock: socket.socket) -> None:
         while True:
+            fds: list[int] = []
             try:
-                head = recv_exact(sock, _LEN.size)
-                body = recv_exact(sock, _LEN.unpack(head)[0]) if head else None
+                head, fds, _, _ = socket.recv_fds(sock, _LEN.size, 1)
+                if head and len(head) < _LEN.size:
+                    head += recv_exact(sock, _LEN.size - len(head)) or b""
+                body = recv_exact(sock, _LEN.unpack(head)[0]) if len(head) == _LEN.size else None
             except OSError:
                 body = None
             with self._cond:
@@ -116,17 +120,21 @@ class ProbeServer:
                         print("grade: warning: CUDA was initialised in the probe server; GPU probes may fail",
                               file=sys.stderr)
                 elif msg[0] in ("started", "failed"):
-                    self._started[msg[1]] = (msg[0], msg[2])
+                    self._started[msg[1]] = (msg[0], msg[2], fds[0] if fds else None)
+                    fds = []
                 elif msg[0] == "exited":
                     self._exited[msg[1]] = msg[2]
                 self._cond.notify_all()
+            for fd in fds:  # attached to a message that does not carry one
+                os.close(fd)
 
     @property
     def alive(self) -> bool:
         return not self._dead and self.proc is not None and self.proc.poll() is None
 
-    def fork(self, request: dict, result_fd: int, timeout: float = 60) -> int:
-        """Ask for one probe process; returns its pid. The server gets a copy of `result_fd`."""
+    def fork(self, request: dict, result_fd: int, timeout: float = 60) -> tuple[int, int | None]:
+        """Ask for one probe process; returns its pid and a pidfd (None before Linux 5.3). The server gets a
+        copy of `result_fd`."""
         with self._lock:
             if not self.alive:  # killed (a probe without Landlock's signal scope can do that) or crashed
                 self.close()
@@ -147,10 +155,10 @@ class ProbeServer:
                     raise ProbeServerError("the probe server did not start a probe in time")
                 if job not in self._started:
                     raise ProbeServerError("the probe server died")
-                kind, value = self._started.pop(job)
+                kind, value, pidfd = self._started.pop(job)
             if kind == "failed":
                 raise ProbeServerError(f"the probe server could not start a probe: {value}")
-            return value
+            return value, pidfd
 
     def wait_exit(self, pid: int, timeout: float) -> int | None:
         """The probe's exit code once the server has reaped it (None: not within `timeout`)."""
@@ -158,9 +166,6 @@ class ProbeServer:
             self._cond.wait_for(lambda: pid in self._exited or self._dead, timeout)
             return self._exited.pop(pid, None)
 
-    def exited(self, pid: int) -> bool:
-        with self._cond:
-            return pid in self._exited
 
     def close(self) -> None:
         """Stop the server and every probe it forked."""
@@ -206,6 +211,26 @@ def _read_result(fd: int, deadline: float) -> tuple[bytes | None, str]:
     return bytes(buf[_LEN.size:]), ""
 
 
+def _kill_probe(pid: int, pidfd: int | None) -> None:
+    """Kill a probe and all it started. Through its pidfd: if it already ended, the server killed what it
+    left (its pid may belong to someone else by now); else it is stopped first, which keeps its pid ours
+    while its descendants are found and killed."""
+    if pidfd is None:  # Linux < 5.3: the small risk of a reused pid
+        sandbox.kill_tree(pid)
+        return
+    try:
+        if select.select([pidfd], [], [], 0)[0]:
+            return  # ended: readable pidfd
+        signal.pidfd_send_signal(pidfd, signal.SIGSTOP)
+        if not select.select([pidfd], [], [], 0)[0]:
+            sandbox.kill_tree(pid)
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    finally:
+        os.close(pidfd)
+
+
 def _stderr_tail(root: Path, n: int = 1500) -> str:
     try:
         with open(root / "stderr.log", "rb") as f:
@@ -227,25 +252,24 @@ def run_probe(server: ProbeServer, program: list[tuple[str, str]], grade_id: str
 
     box = sandbox.Sandbox(prefix="course-probe-")
     read_fd, write_fd = os.pipe()
-    pid = None
+    pid = pidfd = None
+    code = None
     try:
         request = {"grade_id": grade_id, "program": program, "inputs": inputs, "sandbox": str(box.root),
                    "cuda_visible_devices": cuda_visible_devices, "max_file_bytes": MAX_FILE_BYTES,
                    "landlock": landlock, "hide": list(hide)}
         try:
-            pid = server.fork(request, write_fd)
+            pid, pidfd = server.fork(request, write_fd)
         finally:
             os.close(write_fd)
         t0 = time.monotonic()  # after the fork: a server still loading is not the probe's time
         raw, why = _read_result(read_fd, t0 + timeout)
         seconds = time.monotonic() - t0
-        if not server.exited(pid):
-            sandbox.kill_tree(pid)
-        code = server.wait_exit(pid, 10)
     finally:
         os.close(read_fd)
-        if pid is not None and not server.exited(pid):
-            sandbox.kill_tree(pid)
+        if pid is not None:
+            _kill_probe(pid, pidfd)
+            code = server.wait_exit(pid, 10)
         tail = _stderr_tail(box.root)
         box.close()
     if raw is None:

@@ -19,7 +19,8 @@ Then it execs the master's setup cells and the submission's solution cells in a 
 
 Protocol on the socket (the grader is the only peer): grader -> server: a byte b"R" carrying the result
 pipe's fd (SCM_RIGHTS) and an 8-byte length, then a pickled request dict. Server -> grader: 8-byte length +
-pickled tuple: ("ready", info) | ("started", job, pid) | ("exited", pid, exitcode) | ("failed", job, message).
+pickled tuple: ("ready", info) | ("started", job, pid) with the probe's pidfd attached | ("exited", pid,
+exitcode) once the server reaped it (and killed what it left behind) | ("failed", job, message).
 Only the trusted grader writes requests; a probe cannot reach this socket.
 """
 
@@ -32,6 +33,7 @@ import linecache
 import os
 import pickle
 import select
+import shutil
 import signal
 import socket
 import struct
@@ -104,9 +106,14 @@ def extra_modules_from_env() -> list[str]:
 # ---------------------------------------------------------------------------------------------- framing
 
 
-def send_frame(sock: socket.socket, obj) -> None:
-    data = pickle.dumps(obj)
-    sock.sendall(_LEN.pack(len(data)) + data)
+def send_frame(sock: socket.socket, obj, fds: list[int] = ()) -> None:
+    """Send one framed message; `fds` ride with its first byte (SCM_RIGHTS)."""
+    body = pickle.dumps(obj)
+    data = _LEN.pack(len(body)) + body
+    if fds:
+        sent = socket.send_fds(sock, [data], list(fds))
+        data = data[sent:]
+    sock.sendall(data)
 
 
 def recv_exact(sock: socket.socket, n: int) -> bytes | None:
@@ -239,12 +246,32 @@ def run_child(req: dict, result_fd: int) -> None:
 # ---------------------------------------------------------------------------------------------- the server
 
 
-def serve(sock: socket.socket) -> None:
-    sandbox.set_child_subreaper()  # orphans of a probe that exited early land here, and die with the server
+def _pidfd(pid: int) -> int | None:
+    """A pidfd for our own child (race-free: it cannot be reaped, hence its pid not reused, before we wait)."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):  # Linux < 5.3
+        return None
+
+
+def _kill_orphans_of(session: int) -> None:
+    """Kill what a probe that just ended left behind: our adopted children (we are a subreaper) of its session.
+
+    Only children of this process qualify: a new probe with the same pid could only be forked by us, later."""
+    me = os.getpid()
+    for pid, ppid, sid in sandbox._process_table():
+        if ppid == me and sid == session:
+            sandbox.kill_tree(pid)
+
+
+def serve(sock: socket.socket, folders: set[str]) -> None:
+    """Fork a probe per request until the grader closes the socket; `folders` collects the probes' folders."""
+    sandbox.set_child_subreaper()  # orphans of a probe that exited early land here
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
+    probes: set[int] = set()
     while True:
         ready, _, _ = select.select([sock, wake_r], [], [])
         if wake_r in ready:
@@ -256,7 +283,10 @@ def serve(sock: socket.socket) -> None:
                     break
                 if pid == 0:
                     break
-                send_frame(sock, ("exited", pid, os.waitstatus_to_exitcode(st)))
+                if pid in probes:  # (adopted orphans are reaped silently)
+                    probes.discard(pid)
+                    _kill_orphans_of(pid)
+                    send_frame(sock, ("exited", pid, os.waitstatus_to_exitcode(st)))
         if sock in ready:
             got = _recv_request(sock)
             if got is None:  # the grader is gone
@@ -280,7 +310,12 @@ def serve(sock: socket.socket) -> None:
                 finally:
                     run_child(req, fd)
             os.close(fd)
-            send_frame(sock, ("started", req["job"], pid))
+            probes.add(pid)
+            folders.add(req["sandbox"])
+            pidfd = _pidfd(pid)
+            send_frame(sock, ("started", req["job"], pid), fds=[pidfd] if pidfd is not None else [])
+            if pidfd is not None:
+                os.close(pidfd)
 
 
 def main(argv: list[str]) -> None:
@@ -296,10 +331,13 @@ def main(argv: list[str]) -> None:
     info = {"pid": os.getpid(), "errors": errors, "landlock": sandbox.landlock_abi(),
             "cuda_initialized": bool(torch.cuda.is_initialized())}
     send_frame(sock, ("ready", info))
+    folders: set[str] = set()
     try:
-        serve(sock)
+        serve(sock, folders)
     finally:
         sandbox.kill_tree(os.getpid(), include_self=False)  # probes still running die with the server
+        for folder in folders:  # the grader removes each probe's folder; if it died first, we do
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 if __name__ == "__main__":
