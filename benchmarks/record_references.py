@@ -46,6 +46,8 @@ def main() -> int:
     parser.add_argument("names", nargs="*", help="notebook stems to record (default: all that record)")
     parser.add_argument("--out", type=Path, default=reference.DATA_DIR, help="where to write the JSON files")
     parser.add_argument("--cell-timeout", type=int, default=600)
+    parser.add_argument("--keep-partial", action="store_true",
+                        help="when a notebook fails or is stopped, keep the keys it recorded before that")
     args = parser.parse_args()
     import torch
 
@@ -67,6 +69,10 @@ def main() -> int:
             except Exception as err:  # keep going: one broken notebook should not cost the others' recordings
                 print(f"FAILED {stem}: {type(err).__name__}: {str(err)[-2000:]}", file=sys.stderr)
                 failed.append(stem)
+                partial = Path(tmp) / f"{stem}.json"
+                if args.keep_partial and partial.exists():  # what it measured before it stopped, each key whole
+                    shutil.copy(partial, args.out / partial.name)
+                    print(f"kept the partial recording of {stem}: {args.out / partial.name}", file=sys.stderr)
                 continue
             made = Path(tmp) / f"{stem}.json"
             if not made.exists():

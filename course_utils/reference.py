@@ -114,7 +114,9 @@ def save(name: str, data: Any, directory: Path | None = None, **extra: Any) -> P
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{name}.json"
     record = {"name": name, "provenance": {**provenance(), **extra}, "data": data}
-    path.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, path)  # whole or not at all: a recording run may be stopped at any moment
     return path
 
 
