@@ -11,7 +11,7 @@ else
 SETUP :=
 endif
 
-.PHONY: lab test test-gpu lint unit notebooks bench clean
+.PHONY: lab test test-gpu test-gpu-tests test-gpu-notebooks lint unit notebooks bench clean
 
 $(VENV)/.installed: pyproject.toml launch/setup_env.sh
 	VENV=$(VENV) bash launch/setup_env.sh
@@ -23,11 +23,17 @@ lint: $(SETUP)
 	$(PY) -m ruff check .
 
 test: lint
-	$(PY) -m pytest -n $(JOBS) --dist loadgroup tests --nbmake notebooks
+	$(PY) -m pytest -n $(JOBS) --dist loadgroup --durations=30 tests --nbmake notebooks
 
-# Same suite on a GPU box; any test or exercise skipped for want of a GPU is a failure.
-test-gpu: $(SETUP)
-	COURSE_REQUIRE_GPU=1 $(PY) -m pytest -n $(JOBS) --dist loadgroup tests --nbmake notebooks
+# Same suite on a GPU box; any test or exercise skipped for want of a GPU is a failure. In two halves
+# (test-gpu-tests, test-gpu-notebooks) where one command may run at most 10 minutes, as on the lent GPU machines.
+test-gpu: test-gpu-tests test-gpu-notebooks
+
+test-gpu-tests: $(SETUP)
+	COURSE_REQUIRE_GPU=1 $(PY) -m pytest -n $(JOBS) --dist loadgroup --durations=30 tests
+
+test-gpu-notebooks: $(SETUP)
+	COURSE_REQUIRE_GPU=1 $(PY) -m pytest -n $(JOBS) --dist loadgroup --durations=30 --nbmake notebooks
 
 unit: $(SETUP)
 	$(PY) -m pytest -n $(JOBS) tests
