@@ -43,6 +43,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 HOOKS = ("none", "allreduce", "fp16", "bf16", "powersgd")
+HOOK_MODULES = "torch.distributed.algorithms.ddp_comm_hooks"  # where torch's comm hooks live
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -163,15 +164,16 @@ def wrap(model: nn.Module, args: argparse.Namespace, device: torch.device) -> DD
 
 @contextlib.contextmanager
 def all_reduce_bytes(counter: dict):
-    """Count the bytes handed to torch.distributed.all_reduce inside the block.
+    """Count the bytes that DDP's communication hooks hand to torch.distributed.all_reduce inside the block.
 
-    The comm hooks call torch.distributed.all_reduce from Python on what they send (a bf16 copy of the
-    bucket, PowerSGD's P and Q matrices), so wrapping it counts what goes on the wire. DDP's built-in
-    all-reduce (--comm-hook none) runs in C++ and is not seen here."""
+    The hooks call torch.distributed.all_reduce from Python on what they send (a 16-bit copy of the bucket,
+    PowerSGD's P and Q matrices), so wrapping it counts what goes on the wire; calls from elsewhere (Join's
+    small flags) are left out. DDP's built-in all-reduce (--comm-hook none) runs in C++ and is not seen here."""
     real = dist.all_reduce
 
     def counting(tensor, *args, **kwargs):
-        counter["bytes"] += tensor.numel() * tensor.element_size()
+        if sys._getframe(1).f_globals.get("__name__", "").startswith(HOOK_MODULES):
+            counter["bytes"] += tensor.numel() * tensor.element_size()
         return real(tensor, *args, **kwargs)
 
     dist.all_reduce = counting
@@ -199,8 +201,10 @@ def train_one_epoch(model: DDP, loader: DataLoader, optimizer: torch.optim.Optim
         with context:
             for i, (x, y) in enumerate(islice(loader, n_batches)):
                 x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+                # Windows of `accum` micro-batches counted on len(loader), the same on every rank, so that
+                # the ranks all-reduce at the same micro-batches even when some run out early (--uneven).
                 start = i - i % args.accum
-                window = min(args.accum, n_batches - start)  # micro-batches in this optimizer step
+                window = min(args.accum, len(loader) - start)  # micro-batches in this optimizer step
                 sync = i - start == window - 1  # the window's last micro-batch all-reduces
                 # no_sync must cover the forward pass too: DDP decides in forward whether backward syncs.
                 with contextlib.nullcontext() if sync else model.no_sync():
@@ -215,6 +219,9 @@ def train_one_epoch(model: DDP, loader: DataLoader, optimizer: torch.optim.Optim
         if "exhausted" not in str(err):  # Join's early-termination signal; anything else is a real error
             raise
         say(f"  a rank ran out of batches, so every rank stopped this epoch ({err})")
+    # A rank that ran out in the middle of a window drops its part of it (Join has since made every rank's
+    # weights equal again); its gradients must not leak into the next epoch's first step.
+    optimizer.zero_grad(set_to_none=True)
     stats = torch.stack([loss_sum, torch.tensor(float(n_batches), device=device)])
     dist.all_reduce(stats)
     return {"loss": (stats[0] / stats[1]).item(), "steps": steps}

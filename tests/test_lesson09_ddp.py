@@ -288,6 +288,7 @@ def test_wrong_answers_cover_the_briefs_mistakes():
             f"{CKPT}__no_map_location"} <= set(WRONG_SAYS)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stem", sorted(WRONG_SAYS))
 def test_wrong_answers_fail(notebook, stem):
     ex = stem.split("__")[0]
