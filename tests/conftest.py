@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+from pathlib import Path
 
 import pytest
 
@@ -31,13 +32,6 @@ def is_gpu_skip(reason: str) -> bool:
     return bool(re.search(r"\b(GPU|GPUs|CUDA|cuda|NCCL)\b", reason))
 
 
-def times_the_gpu(item) -> bool:
-    """Tests whose GPU timings would be distorted by another test process using the same GPU."""
-    path = item.path
-    return ("gpu" in item.keywords or "multigpu" in item.keywords or path.suffix == ".ipynb"
-            or path.name.startswith(("test_lesson", "test_exercises")))
-
-
 def pytest_collection_modifyitems(config, items):
     n = _cuda_count()
     for item in items:
@@ -45,12 +39,41 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="needs a GPU"))
         if "multigpu" in item.keywords and n < 2:
             item.add_marker(pytest.mark.skip(reason="needs two or more GPUs"))
-        # With `--dist loadgroup` (the Makefile) a group runs in one xdist worker. Tests that time the GPU
-        # share one group, so they run one after another: kernels of a parallel test queued on the same GPU
-        # would delay ours and make concurrency appear or vanish. Other tests are grouped by file (as
-        # --dist loadfile would), so a module's fixtures are built once.
-        group = "cuda" if n and times_the_gpu(item) else str(item.path)
-        item.add_marker(pytest.mark.xdist_group(group))
+
+
+@functools.cache
+def _file_times_the_gpu(path: str) -> bool:
+    """A test file (or notebook) whose GPU timings a parallel test on the same GPU would distort: the notebooks,
+    the lesson and exercise tests, and any file with a test marked gpu or multigpu."""
+    p = Path(path)
+    if p.suffix == ".ipynb" or p.name.startswith(("test_lesson", "test_exercises")):
+        return True
+    try:
+        return bool(re.search(r"mark\.(gpu|multigpu)\b", p.read_text()))
+    except OSError:
+        return False
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """Schedule `--dist loadgroup` runs by file, and every file that times the GPU in one group ("cuda").
+
+    One file's tests run in one worker, so a module's expensive fixtures (a grading lab, a notebook kernel, a
+    pool of ranks) are built once; on a GPU box the files that time the GPU run one after another in one worker,
+    as kernels of a parallel test queued on the same GPU would make concurrency appear or vanish. (xdist's own
+    loadgroup reads xdist_group marks through the item's old `_nodeid`, which pytest 9 no longer uses: it
+    silently scheduled test by test.)"""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    root = config.rootpath
+
+    class FileOrCuda(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "cuda" if _cuda_count() and _file_times_the_gpu(str(root / path)) else path
+
+    return FileOrCuda(config, log)
 
 
 @pytest.hookimpl(hookwrapper=True)

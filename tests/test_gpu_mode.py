@@ -44,3 +44,31 @@ def test_require_gpu_turns_gpu_skips_into_failures(tmp_path, require):
     else:
         assert res.returncode == 0, res.stdout
         assert "2 skipped" in res.stdout
+
+
+SCOPED = '''
+import os
+import pytest
+
+@pytest.fixture(scope="module")
+def built():
+    with open(os.path.join(os.path.dirname(__file__), "builds.txt"), "a") as f:
+        f.write(__name__ + "\\n")
+
+@pytest.mark.parametrize("i", range(6))
+def test_uses_it(built, i):
+    pass
+'''
+
+
+def test_loadgroup_keeps_a_file_in_one_worker(tmp_path):
+    """`--dist loadgroup` (the Makefile's) builds each module fixture once: one file, one worker."""
+    (tmp_path / "conftest.py").write_text((ROOT / "tests" / "conftest.py").read_text())
+    for name in ("test_a.py", "test_b.py", "test_c.py"):
+        (tmp_path / name).write_text(SCOPED)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "2", "--dist", "loadgroup", "-p",
+                           "no:cacheprovider", str(tmp_path)], capture_output=True, text=True, cwd=tmp_path,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    builds = (tmp_path / "builds.txt").read_text().split()
+    assert sorted(builds) == ["test_a", "test_b", "test_c"], builds  # three, not one per worker per file
