@@ -147,8 +147,8 @@ def backward_end(spans: list[dict], rank: int) -> float:
 
 
 def first_allreduce(spans: list[dict], rank: int) -> float:
-    starts = [s["start_ms"] for s in spans if s["rank"] == rank and s["kind"] == "comm"  # any stream: a blocking
-              and re.search("all_?reduce", s["name"].lower())]                      # all_reduce runs on the caller's
+    starts = [s["start_ms"] for s in spans if s["rank"] == rank and s["kind"] == "comm" and s["stream"] != "host"
+              and re.search("all_?reduce", s["name"].lower())]  # any stream: a blocking all_reduce runs on the caller's
     return min(starts)
 
 
