@@ -3,6 +3,7 @@
 VENV     ?= .venv
 PY       ?= $(VENV)/bin/python
 LAB_PORT ?= 8888
+LAB_WORKSPACE ?= workspace
 JOBS     ?= 2
 
 ifeq ($(PY),$(VENV)/bin/python)
@@ -11,13 +12,24 @@ else
 SETUP :=
 endif
 
-.PHONY: lab test test-gpu test-gpu-tests test-gpu-notebooks lint unit notebooks bench clean
+.PHONY: lab lab-instructor reset-notebook test test-gpu test-gpu-tests test-gpu-notebooks lint unit notebooks bench clean
 
 $(VENV)/.installed: pyproject.toml launch/setup_env.sh
 	VENV=$(VENV) bash launch/setup_env.sh
 
+# Students: their own copies of the lessons in $(LAB_WORKSPACE)/notebooks (git-ignored; solutions replaced by
+# `raise NotImplementedError()`), made on first start; new lessons are added, existing ones never overwritten.
 lab: $(SETUP)
-	bash launch/start_lab.sh $(PY) $(LAB_PORT)
+	COURSE_WORKSPACE=$(LAB_WORKSPACE) bash launch/start_lab.sh $(PY) $(LAB_PORT) student
+
+# Instructors: the masters in notebooks/, solutions included.
+lab-instructor: $(SETUP)
+	bash launch/start_lab.sh $(PY) $(LAB_PORT) instructor
+
+# Start one lesson of the workspace over, e.g. `make reset-notebook NB=02_cuda_streams` (old copy kept in backups/).
+reset-notebook: $(SETUP)
+	@test -n "$(NB)" || { echo "usage: make reset-notebook NB=02_cuda_streams" >&2; exit 2; }
+	$(PY) -m course_utils.workspace --workspace $(LAB_WORKSPACE) reset $(NB)
 
 lint: $(SETUP)
 	$(PY) -m ruff check .
