@@ -1,8 +1,9 @@
 """Draw spans Nsight-style: rows by rank then stream, one colour per kind, ms from a common zero.
 
 Only drawing here; the numbers printed under the plot come from `stats` (on the spans' true times).
-Text is 10-11 pt on a 10-inch-wide figure, so it stays readable when a notebook shrinks the figure
-to its output width.
+Text is 11-13 pt on an 8-inch-wide figure: JupyterLab shrinks a wider picture to its output width (about 840 px
+in a 1280 px window with the file browser open), so the smallest text still shows at 12 px or more, as large as
+the notebook's own code.
 """
 
 from __future__ import annotations
@@ -33,9 +34,10 @@ MODE_NOTES = {
     "events": "events mode: GPU bars are stream progress between CUDA events (a bar may include time the "
               "stream waited for the GPU), not kernel execution",
 }
-FONT = 11  # axis labels, ticks, legend, footer
-BAR_FONT = 10  # names inside bars
-ROW_LABEL_MAX = 32
+FIG_W = 8.0  # inches (100 px each in a notebook): with the legend beside it, about 1000 px before shrinking
+FONT = 12  # axis labels, ticks; legend and footer one point smaller
+BAR_FONT = 11  # names inside bars and marks
+ROW_LABEL_MAX = 24
 RANGE_H = 0.45  # height of one lane of named ranges, in rows
 
 __all__ = ["COLORS", "LABELS", "display_name", "plot"]
@@ -64,7 +66,7 @@ def display_name(name: str) -> str:
     return out or name
 
 
-def _fit(name: str, width_frac: float, axes_in: float = 6.0) -> str:
+def _fit(name: str, width_frac: float, axes_in: float = FIG_W - 2.5) -> str:
     """`name` cut to what fits in a bar `width_frac` of the axis wide (an estimate of the font's widths), or ''."""
     chars = int(width_frac * axes_in * 72 / (0.7 * BAR_FONT)) - 1
     if chars < 4:
@@ -124,7 +126,7 @@ def plot(spans: list[Span], title: str | None = None, min_width_frac: float = 0.
     if stats is not None:
         text = stats.summary()
         if mode in MODE_NOTES:
-            text = "\n".join(textwrap.wrap(MODE_NOTES[mode], 100)) + "\n" + text
+            text = "\n".join(textwrap.wrap(MODE_NOTES[mode], 80)) + "\n" + text
         if skew_ms is not None:
             text += f"\n  ranks aligned to within about {skew_ms * 1000:.0f} µs" + (f" ({skew_note})" if skew_note
                                                                                     else "")
@@ -133,9 +135,10 @@ def plot(spans: list[Span], title: str | None = None, min_width_frac: float = 0.
                  for _, ls, _, rg, rl in layout.values())
     own_figure = ax is None
     if own_figure:
-        plot_h = 1.4 + 0.5 * max(height, 1)
+        n_handles = len({s.kind for s in spans if s.kind != MARK}) + 1  # legend entries, at most
+        plot_h = 1.4 + 0.5 * max(height, 1) + 0.22 * math.ceil(n_handles / 3)
         text_h = 0.2 * n_text + 0.15 if n_text else 0.0
-        fig = plt.figure(figsize=(10, plot_h + text_h))
+        fig = plt.figure(figsize=(FIG_W, plot_h + text_h))
         ax = fig.add_subplot(1, 1, 1)
     else:
         fig = ax.figure
@@ -210,10 +213,14 @@ def plot(spans: list[Span], title: str | None = None, min_width_frac: float = 0.
         handles.append(Patch(facecolor=RANGE_COLOR, edgecolor="black", label="named range (not work)"))
     if narrow:
         handles.append(Line2D([], [], marker="v", color="black", linestyle="", label="widened to be visible"))
-    if handles:
-        ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=FONT - 1, frameon=False)
+    legend_rows = 0
+    if handles:  # above the plot, not beside it: the bars keep the figure's width
+        ncol = min(len(handles), 3)
+        legend_rows = math.ceil(len(handles) / ncol)
+        ax.legend(handles=handles, loc="lower left", bbox_to_anchor=(0.0, 1.01), ncol=ncol, fontsize=FONT - 1,
+                  frameon=False, borderaxespad=0.2, handlelength=1.6, columnspacing=1.5)
     if title:
-        ax.set_title(title, fontsize=FONT + 1)
+        ax.set_title(title, fontsize=FONT + 1, pad=6 + legend_rows * (FONT + 4))
     if text and own_figure:
         # the axes keep the top of the figure; the text goes in the strip reserved under them
         fig.tight_layout(rect=(0.0, text_h / (plot_h + text_h), 1.0, 1.0))
