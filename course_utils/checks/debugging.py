@@ -9,7 +9,8 @@ ex10_diagnose    `diagnose(report) -> (rank, fault, line)`: the culprit rank, th
                  (the grader's, or the notebook's kernel), in `_TRUTH` under a random token: the probe's
                  process, where the answer runs, never holds it.
 ex10_fix_uneven  `train_uneven(model, batches, lr) -> steps`: data-parallel SGD on ranks that hold different
-                 numbers of batches; every rank must stop after as many steps as the shortest rank has batches.
+                 numbers of batches (never equal: each rank draws from its own residue class mod WORLD); every
+                 rank must stop after as many steps as the shortest rank has batches.
 ex10_fix_skip    `train_skip(model, batches, lr) -> skipped`: data-parallel SGD where a step whose loss is not
                  finite on ANY rank is skipped by EVERY rank; returns the skipped step numbers.
 
@@ -181,7 +182,7 @@ def diagnose_judge(inputs: dict, data: dict) -> str:
 
 
 register(Exercise(EX_DIAG, entry="diagnose", probe=diagnose_probe, judge=diagnose_judge, inputs=diagnose_inputs,
-                  timeout_s=30.0))
+                  timeout_s=20.0))
 
 # ------------------------------------------------------------------------- ex10_fix_uneven, ex10_fix_skip
 
@@ -251,8 +252,8 @@ def loop_worker(answer: Any, inputs: dict, kind: str) -> dict:
     _short_timeout_group(inputs["limit_s"])
     rank, world = dist.get_rank(), dist.get_world_size()
     draw = random.SystemRandom()  # nobody else knows what this rank drew
-    if kind == "uneven":
-        n, bad = draw.randint(2, inputs["steps"]), []
+    if kind == "uneven":  # ranks never hold as many batches as each other (n = rank mod world)
+        n, bad = draw.choice(range(2 + (rank - 2) % world, inputs["steps"] + 1, world)), []
     else:  # one bad batch per rank, at a step no other rank can have (steps = rank mod world)
         n, bad = inputs["steps"], [draw.choice(range(rank, inputs["steps"], world))]
     model = loop_model(inputs)

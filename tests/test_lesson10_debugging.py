@@ -1,0 +1,407 @@
+"""Lesson 10 (debugging distributed jobs): the notebook's conventions; every fault of the lesson's table on gloo
+ranks, under the tools the table shows it with, against what the prose and the table say, with no worker left
+behind; the three checks' judges on plain data; the masters' solutions and the wrong answers end to end on CPU.
+
+The fault runs and the diagnose check's runs are made once per module (they start ranks: seconds each)."""
+
+from __future__ import annotations
+
+import ast
+import json
+import linecache
+import os
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from course_utils import checks
+from course_utils.checks import CheckFailed
+from course_utils.checks import debugging as c10
+from course_utils.launch.procs import children
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOK = ROOT / "notebooks" / "10_debugging_distributed.ipynb"
+WRONG = ROOT / "tests" / "wrong_answers" / NOTEBOOK.stem
+EXERCISES = {c10.EX_DIAG: "diagnose", c10.EX_UNEVEN: "train_uneven", c10.EX_SKIP: "train_skip"}
+
+
+def notebook() -> dict:
+    return json.loads(NOTEBOOK.read_text())
+
+
+def code_cells() -> list[dict]:
+    return [c for c in notebook()["cells"] if c["cell_type"] == "code"]
+
+
+def own_workers() -> list[int]:
+    """Worker processes of this test process still alive."""
+    left = []
+    for pid in children(os.getpid()):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"course_utils.launch.worker" in f.read():
+                    left.append(pid)
+        except OSError:
+            pass
+    return left
+
+
+def notebook_functions(replace: dict[str, str] | None = None) -> dict:
+    """The notebook's imports, functions and UPPERCASE constants in one namespace, each cell's source kept in
+    linecache (so tracebacks and stacks from the ranks show its lines, as they do in a kernel). `replace` maps a
+    grade_id to a wrong answer that replaces its solution block."""
+    ns: dict = {"__name__": "__lesson10__"}
+    for i, c in enumerate(code_cells()):
+        src = "".join(c["source"])
+        gid = c["metadata"].get("nbgrader", {}).get("grade_id", "")
+        if replace and gid.endswith("_solution") and gid[: -len("_solution")] in replace:
+            a, b = src.index("### BEGIN SOLUTION"), src.index("### END SOLUTION") + len("### END SOLUTION")
+            src = src[:a].rstrip(" ") + replace[gid[: -len("_solution")]].rstrip("\n") + src[b:]
+        tree = ast.parse(src)
+        keep = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.Import, ast.ImportFrom))
+                or (isinstance(n, ast.Assign) and all(isinstance(t, ast.Name) and t.id.isupper() for t in n.targets))]
+        filename = f"<lesson10 cell {i}>"
+        module = ast.Module(body=keep, type_ignores=[])
+        text = ast.unparse(module)  # the source of what runs, line for line, for tracebacks
+        linecache.cache[filename] = (len(text), None, text.splitlines(True), filename)
+        exec(compile(text, filename, "exec"), ns)
+    return ns
+
+
+def wrong(stem: str) -> str:
+    return (WRONG / f"{stem}.py").read_text()
+
+
+# ------------------------------------------------------------------------------- the notebook's conventions
+
+
+def test_exercise_cells_follow_the_convention():
+    cells = code_cells()
+    meta = {c["metadata"]["nbgrader"]["grade_id"]: c["metadata"]["nbgrader"] for c in cells
+            if "nbgrader" in c["metadata"]}
+    for ex, entry in EXERCISES.items():
+        assert meta[ex]["grade"] is True and meta[ex]["locked"] is True and meta[ex]["points"] > 0
+        assert meta[f"{ex}_solution"]["solution"] is True and meta[f"{ex}_solution"]["grade"] is False
+        check_cell = next(c for c in cells if c["metadata"].get("nbgrader", {}).get("grade_id") == ex)
+        assert "".join(check_cell["source"]).strip() == f'check("{ex}", {entry})'
+        assert checks.exercise(ex).entry == entry
+    nb = notebook()
+    ids = [c["id"] for c in nb["cells"]]
+    assert len(ids) == len(set(ids))
+    assert all(not c.get("outputs") and c.get("execution_count") is None for c in cells)
+    setup = ["".join(c["source"]) for c in cells if "setup" in c["metadata"].get("tags", [])]
+    assert not any("launch." in s or "Pool(" in s for s in setup)  # setup cells start no ranks
+    assert any("parameters" in c["metadata"].get("tags", []) for c in cells)
+
+
+def test_the_notebook_goes_on_after_unsolved_exercises():
+    # Cells after a check call none of the exercise's names unguarded (a stub raises NotImplementedError).
+    cells = code_cells()
+    after = False
+    for c in cells:
+        src = "".join(c["source"])
+        if c["metadata"].get("nbgrader", {}).get("grade_id") == c10.EX_DIAG:
+            after = True
+            continue
+        if after and "nbgrader" not in c["metadata"]:
+            for entry in EXERCISES.values():
+                if re.search(rf"\b{entry}\(", src):
+                    assert "except NotImplementedError" in src, src
+
+
+# ----------------------------------------------------------------------------- the fault matrix on gloo
+
+RUNS = [(name, "timeout") for name in ("extra collective", "collective under rank 0", "shape mismatch",
+                                        "type mismatch", "stalled rank", "crashed rank", "send/recv deadlock",
+                                        "uneven data")]
+RUNS += [("stalled rank", "stacks"), ("type mismatch", "stacks"), ("shape mismatch", "DETAIL"),
+         ("type mismatch", "DETAIL"), ("collective under rank 0", "DETAIL"), ("stalled rank", "monitored_barrier"),
+         ("uneven data", "monitored_barrier")]
+
+
+@pytest.fixture(scope="module")
+def nb():
+    return notebook_functions()
+
+
+@pytest.fixture(scope="module")
+def matrix(nb):
+    """Every (fault, tool) the notebook runs, run here by the notebook's own run_fault."""
+    assert sorted(nb["FAULTS"]) == sorted({name for name, _ in RUNS})
+    t0 = time.perf_counter()
+    out = {(name, tool): nb["run_fault"](name, tool) for name, tool in RUNS}
+    out["seconds"] = time.perf_counter() - t0
+    return out
+
+
+def test_the_notebook_runs_the_same_matrix():
+    text = "".join("".join(c["source"]) for c in code_cells())
+    for name, tool in RUNS[len(FAULT_NAMES):]:
+        assert f'"{name}"' in text and f'"{tool}"' in text
+
+
+FAULT_NAMES = [name for name, tool in RUNS if tool == "timeout"]
+
+
+@pytest.mark.slow
+def test_nothing_is_left_running_after_any_fault(matrix):
+    for key, report in matrix.items():
+        if key != "seconds":
+            assert report["left"] == [], (key, report["left"])
+    assert own_workers() == []
+    assert matrix["seconds"] < 120, matrix["seconds"]
+
+
+@pytest.mark.slow
+def test_group_timeout_column(matrix):
+    def text(name):
+        return matrix[name, "timeout"]["text"]
+
+    assert text("extra collective").startswith("rank 1 failed first")
+    assert "Connection closed by peer" in text("extra collective") and "rank 0: finished normally" in text(
+        "extra collective")
+    under0 = text("collective under rank 0")
+    assert under0.startswith("rank 0 failed first") and "Connection closed by peer" in under0
+    assert "rank 1: finished normally" in under0 and "rank 2: finished normally" in under0
+    shape = text("shape mismatch")
+    assert "SIGABRT" in shape and "Received data size doesn't match expected size" in shape, shape
+    for name, op in (("type mismatch", "recv"), ("send/recv deadlock", "send")):
+        assert re.search(rf"Timed out waiting 2000ms for {op} operation", text(name)), text(name)
+        assert "also failed" in text(name), text(name)  # both ranks waited, both gave up
+    stalled = text("stalled rank")
+    assert stalled.startswith("rank 0 failed first") and "Timed out waiting 2000ms" in stalled
+    assert "rank 1: was still running and has been stopped" in stalled
+    crashed = text("crashed rank")
+    assert crashed.startswith("rank 1 failed first: ValueError: corrupt sample in batch 17")
+    assert "rank 0: stopped waiting: its connection closed" in crashed
+    uneven = text("uneven data")
+    assert uneven.startswith("rank 0 failed first") and "Connection closed by peer" in uneven
+    assert "rank 1: finished normally" in uneven
+
+
+@pytest.mark.slow
+def test_stacks_column(matrix, nb):
+    stalled = matrix["stalled rank", "stacks"]["text"]
+    assert "ranks 0, 1 were still running after the 2 s timeout" in stalled
+    assert re.search(r"where rank 1 was.*\n.*in stalled_rank\n\s+time\.sleep\(NEVER_S\)", stalled), stalled
+    assert re.search(r"where rank 0 was.*\n.*in stalled_rank\n\s+dist\.all_reduce\(x, group=g\)", stalled), stalled
+    line = nb["summary"](matrix["type mismatch", "stacks"])
+    assert line == ("hang, stopped by the launcher: rank 0 in `dist.all_reduce(x, group=g)`; "
+                    "rank 1 in `dist.broadcast(x, src=0, group=g)`"), line
+
+
+@pytest.mark.slow
+def test_detail_column(matrix, nb):
+    shape = matrix["shape mismatch", "DETAIL"]["text"]
+    assert "Detected mismatch between collectives" in shape and "TensorShape=[4]" in shape
+    assert "TensorShape=[5]" in shape
+    assert "rank 0 ALLREDUCE [4] vs rank 1 ALLREDUCE [5]" in nb["summary"](matrix["shape mismatch", "DETAIL"])
+    kinds = matrix["type mismatch", "DETAIL"]["text"]
+    assert "OpType=ALLREDUCE" in kinds and "OpType=BROADCAST" in kinds
+    under0 = matrix["collective under rank 0", "DETAIL"]["text"]
+    assert "Ranks 1, 2 failed to pass monitoredBarrier in 2000 ms" in under0, under0
+
+
+@pytest.mark.slow
+def test_monitored_barrier_column(matrix, nb):
+    for name in ("stalled rank", "uneven data"):
+        report = matrix[name, "monitored_barrier"]
+        assert "Ranks 1 failed to pass monitoredBarrier in 2000 ms" in report["text"], report["text"]
+        assert "at `dist.monitored_barrier(" in nb["summary"](report)
+
+
+@pytest.mark.slow
+def test_the_table_shows_every_run(matrix, nb, capsys):
+    reports = {k: v for k, v in matrix.items() if k != "seconds"}
+    nb["fault_table"](reports)
+    out = capsys.readouterr().out
+    for name in nb["FAULTS"]:
+        assert name in out
+    assert out.count("hang, stopped by the launcher") == 2
+    assert out.count("failed to pass monitoredBarrier") == 3
+
+
+# ------------------------------------------------------------------------------------------ ex10_diagnose
+
+
+@pytest.fixture(scope="module")
+def diag_inputs():
+    inputs = c10.diagnose_inputs()
+    assert own_workers() == []
+    return inputs
+
+
+def judge_answer(inputs: dict, answer, separate_process: bool = False) -> str:
+    """probe then judge, as check() does; separate_process: the answer runs without the check's memory, as in the
+    grader's probe process."""
+    ex = checks.exercise(c10.EX_DIAG)
+    saved = dict(c10._TRUTH)
+    if separate_process:
+        c10._TRUTH.clear()
+    try:
+        data = checks.from_bytes(checks.to_bytes(ex.probe(answer, checks.plain(inputs))))
+    finally:
+        c10._TRUTH.update(saved)
+    return ex.judge(inputs, data)
+
+
+def test_programs_put_the_fault_where_the_truth_says():
+    import random
+
+    for seed in range(40):
+        rng = random.Random(seed)
+        for fault in c10.FAULTS:
+            source, line = c10.write_program(fault, rng)
+            compile(source, "<p>", "exec")
+            at = source.splitlines()[line - 1].strip()
+            want = {"crash": ("raise", "label =", "ratio ="), "stall": ("time.sleep",),
+                    "shape mismatch": ("dist.",), "extra collective": ("dist.",)}[fault]
+            assert at.startswith(want), (fault, at)
+            if fault == "extra collective":
+                assert source.splitlines()[line - 2].strip() == "if rank == culprit:"
+
+
+@pytest.mark.slow
+def test_diagnose_runs_are_fresh_and_cover_every_fault(diag_inputs):
+    truth = c10._TRUTH[diag_inputs["token"]]
+    assert sorted(t[1] for t in truth) == sorted(c10.FAULTS)
+    assert len(diag_inputs["reports"]) == 4 and "culprit" not in json.dumps(diag_inputs)
+    for report, (rank, fault, line) in zip(diag_inputs["reports"], truth, strict=True):
+        assert f"line {line}, in train_step" in report, (fault, report)
+        if fault == "stall":
+            assert "were still running" in report and "time.sleep" in report
+        if fault == "extra collective":
+            assert re.match(rf"rank {rank} was still running", report), report
+        if fault == "crash":
+            assert report.startswith(f"rank {rank} failed first")
+        if fault == "shape mismatch":
+            assert "Detected mismatch between collectives" in report
+
+
+@pytest.mark.slow
+def test_diagnose_master_passes(diag_inputs, nb):
+    assert "4 fresh faulty runs diagnosed" in judge_answer(diag_inputs, nb["diagnose"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stem, message", [
+    ("ex10_diagnose", "extra collective"),
+    ("ex10_diagnose__hard_coded", "the diagnosis"),
+    ("ex10_diagnose__launcher_frame", "where the culprit stopped"),
+])
+def test_diagnose_wrong_answers_fail(diag_inputs, stem, message):
+    answer = notebook_functions({c10.EX_DIAG: wrong(stem)})["diagnose"]
+    with pytest.raises(CheckFailed, match=message):
+        judge_answer(diag_inputs, answer)
+
+
+@pytest.mark.slow
+def test_diagnose_reading_the_checks_memory_earns_nothing(diag_inputs):
+    answer = notebook_functions({c10.EX_DIAG: wrong("ex10_diagnose__reads_the_check")})["diagnose"]
+    judge_answer(diag_inputs, answer)  # in one process (a notebook) it finds the answers ...
+    with pytest.raises(CheckFailed, match=c10.EX_DIAG):  # ... not where the grader runs it
+        judge_answer(diag_inputs, answer, separate_process=True)
+
+
+def test_diagnose_judge_on_plain_data():
+    ex = checks.exercise(c10.EX_DIAG)
+    c10._TRUTH["t"] = [[1, "stall", 9], [0, "crash", 7]]
+    inputs = {"reports": ["r1", "r2"], "token": "t"}
+    assert "2 fresh faulty runs" in ex.judge(inputs, {"diagnoses": [[1, "stall", 9], [0, "crash", 7]], "types": []})
+    with pytest.raises(CheckFailed, match="not in a collective|outside"):
+        ex.judge(inputs, {"diagnoses": [[1, "extra collective", 9], [0, "crash", 7]], "types": []})
+    with pytest.raises(CheckFailed, match="odd one out"):
+        ex.judge(inputs, {"diagnoses": [[0, "stall", 9], [0, "crash", 7]], "types": []})
+    with pytest.raises(CheckFailed, match="one of"):
+        ex.judge(inputs, {"diagnoses": [[1, "hang", 9], [0, "crash", 7]], "types": []})
+    with pytest.raises(CheckFailed, match="an int, a str, an int"):
+        ex.judge(inputs, {"diagnoses": [None, [0, "crash", 7]], "types": ["Anything", "tuple"]})
+    with pytest.raises(CheckFailed, match="unknown token"):
+        ex.judge({"reports": ["r1"], "token": "forged"}, {"diagnoses": [[1, "stall", 9]], "types": []})
+    assert c10._as_diagnosis((1, "stall", 9)) == [1, "stall", 9]
+    for bad in ((True, "stall", 9), (1, "stall", 9.0), [1, "stall"], "1 stall 9", None):
+        assert c10._as_diagnosis(bad) is None
+    del c10._TRUTH["t"]
+
+
+# ------------------------------------------------------------------------------ ex10_fix_uneven / _skip
+
+
+def run_loop(ex: str, answer) -> str:
+    exercise = checks.exercise(ex)
+    inputs = checks.plain({**exercise.inputs(), "gpu": False})
+    data = checks.from_bytes(checks.to_bytes(exercise.probe(answer, inputs)))
+    try:
+        return exercise.judge(inputs, data)
+    finally:
+        assert own_workers() == []
+
+
+def test_loop_reference_stops_and_skips_together():
+    inputs = c10.loop_inputs(1)
+    w_short, steps, skipped = c10.loop_reference(inputs, [2, 5], [[], []])
+    assert steps == 2 and skipped == []
+    w_long, _, _ = c10.loop_reference(inputs, [3, 5], [[], []])
+    assert any(not bool((a == b).all()) for a, b in zip(w_short, w_long, strict=True))
+    w, steps, skipped = c10.loop_reference(inputs, [6, 6], [[4], [1]])
+    assert steps == 6 and skipped == [1, 4]
+    assert all(bool(p.isfinite().all()) for p in w)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ex, entry", [(c10.EX_UNEVEN, "train_uneven"), (c10.EX_SKIP, "train_skip")])
+def test_loop_masters_pass(nb, ex, entry):
+    t0 = time.perf_counter()
+    assert "weights as data-parallel SGD" in run_loop(ex, nb[entry])
+    assert time.perf_counter() - t0 < 60
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ex, stem, message", [
+    (c10.EX_UNEVEN, "ex10_fix_uneven", "the loop to finish.*all ranks call the same collectives"),
+    (c10.EX_UNEVEN, "ex10_fix_uneven__max_steps", "the loop to finish"),
+    (c10.EX_UNEVEN, "ex10_fix_uneven__local_only", "stops after the shortest|averaged over the ranks"),
+    (c10.EX_SKIP, "ex10_fix_skip", "the loop to finish"),
+    (c10.EX_SKIP, "ex10_fix_skip__own_steps_only", "ANY rank's loss"),
+    (c10.EX_SKIP, "ex10_fix_skip__min_flag", "ANY rank's loss"),
+])
+def test_loop_wrong_answers_fail(ex, stem, message):
+    entry = EXERCISES[ex]
+    answer = notebook_functions({ex: wrong(stem)})[entry]
+    t0 = time.perf_counter()
+    with pytest.raises(CheckFailed, match=re.compile(message, re.S)):
+        run_loop(ex, answer)
+    assert time.perf_counter() - t0 < 60  # a hang ends at the group's few seconds, not the launcher's backstop
+
+
+def test_loop_judge_on_plain_data():
+    import torch
+
+    ex = checks.exercise(c10.EX_UNEVEN)
+    inputs = c10.loop_inputs(3)
+    weights, steps, _ = c10.loop_reference(inputs, [4, 3], [[], []])
+    good = {"ranks": [{"n": n, "bad": [], "value": steps, "type": "int", "weights": weights} for n in (4, 3)]}
+    assert "all stopped after 3" in ex.judge(inputs, good)
+    summed = {"ranks": [dict(r, weights=[w * 2 for w in weights]) for r in good["ranks"]]}
+    with pytest.raises(CheckFailed, match="averaged over the ranks"):
+        ex.judge(inputs, summed)
+    with pytest.raises(CheckFailed, match="to return 3"):
+        ex.judge(inputs, {"ranks": [dict(r, value=None, type="Anything") for r in good["ranks"]]})
+    with pytest.raises(CheckFailed, match="to finish"):
+        ex.judge(inputs, {"error": "rank 1 failed: RuntimeError: Timed out waiting 3000ms"})
+    skip = checks.exercise(c10.EX_SKIP)
+    weights, _, skipped = c10.loop_reference(inputs, [6, 6], [[2], [5]])
+    ranks = [{"n": 6, "bad": b, "value": skipped, "type": "list", "weights": weights} for b in ([2], [5])]
+    assert "skipped [2, 5]" in skip.judge(inputs, {"ranks": ranks})
+    with pytest.raises(CheckFailed, match="ANY rank"):
+        skip.judge(inputs, {"ranks": [dict(r, value=r["bad"]) for r in ranks]})
+    assert type(weights[0]) is torch.Tensor
+
+
+def test_every_wrong_answer_file_is_known():
+    stems = {p.stem for p in WRONG.glob("*.py")}
+    assert {s.split("__")[0] for s in stems} == set(EXERCISES)
+    assert {"ex10_diagnose__hard_coded", "ex10_diagnose__reads_the_check", "ex10_diagnose__hangs",
+            "ex10_fix_uneven__reads_the_check", "ex10_fix_skip__reads_the_check"} <= stems
