@@ -159,11 +159,11 @@ def test_group_timeout_column(matrix):
     def text(name):
         return matrix[name, "timeout"]["text"]
 
+    gone = re.compile(r"Connection (closed|reset) by peer")  # gloo says either when the other side exited
     assert text("extra collective").startswith("rank 1 failed first")
-    assert "Connection closed by peer" in text("extra collective") and "rank 0: finished normally" in text(
-        "extra collective")
+    assert gone.search(text("extra collective")) and "rank 0: finished normally" in text("extra collective")
     under0 = text("collective under rank 0")
-    assert under0.startswith("rank 0 failed first") and "Connection closed by peer" in under0
+    assert under0.startswith("rank 0 failed first") and gone.search(under0)
     assert "rank 1: finished normally" in under0 and "rank 2: finished normally" in under0
     shape = text("shape mismatch")
     assert "SIGABRT" in shape and "Received data size doesn't match expected size" in shape, shape
@@ -177,7 +177,7 @@ def test_group_timeout_column(matrix):
     assert crashed.startswith("rank 1 failed first: ValueError: corrupt sample in batch 17")
     assert "rank 0: stopped waiting: its connection closed" in crashed
     uneven = text("uneven data")
-    assert uneven.startswith("rank 0 failed first") and "Connection closed by peer" in uneven
+    assert uneven.startswith("rank 0 failed first") and gone.search(uneven)
     assert "rank 1: finished normally" in uneven
 
 
@@ -197,7 +197,8 @@ def test_detail_column(matrix, nb):
     shape = matrix["shape mismatch", "DETAIL"]["text"]
     assert "Detected mismatch between collectives" in shape and "TensorShape=[4]" in shape
     assert "TensorShape=[5]" in shape
-    assert "rank 0 ALLREDUCE [4] vs rank 1 ALLREDUCE [5]" in nb["summary"](matrix["shape mismatch", "DETAIL"])
+    assert re.search(r"rank 0 ALLREDUCE \[4\] vs rank 1 ALLREDUCE \[5\]|rank 1 ALLREDUCE \[5\] vs rank 0 ALLREDUCE \[4\]",
+                     nb["summary"](matrix["shape mismatch", "DETAIL"]))
     kinds = matrix["type mismatch", "DETAIL"]["text"]
     assert "OpType=ALLREDUCE" in kinds and "OpType=BROADCAST" in kinds
     under0 = matrix["collective under rank 0", "DETAIL"]["text"]
@@ -267,7 +268,7 @@ def test_programs_put_the_fault_where_the_truth_says():
 def test_diagnose_runs_are_fresh_and_cover_every_fault(diag_inputs):
     truth = c10._TRUTH[diag_inputs["token"]]
     assert sorted(t[1] for t in truth) == sorted(c10.FAULTS)
-    assert len(diag_inputs["reports"]) == 4 and "culprit" not in json.dumps(diag_inputs)
+    assert sorted(diag_inputs) == ["reports", "token"] and len(diag_inputs["reports"]) == 4
     for report, (rank, fault, line) in zip(diag_inputs["reports"], truth, strict=True):
         assert f"line {line}, in train_step" in report, (fault, report)
         if fault == "stall":
@@ -363,7 +364,7 @@ def test_loop_masters_pass(nb, ex, entry):
     (c10.EX_UNEVEN, "ex10_fix_uneven", "the loop to finish.*all ranks call the same collectives"),
     (c10.EX_UNEVEN, "ex10_fix_uneven__max_steps", "the loop to finish"),
     (c10.EX_UNEVEN, "ex10_fix_uneven__local_only", "stops after the shortest|averaged over the ranks"),
-    (c10.EX_SKIP, "ex10_fix_skip", "the loop to finish"),
+    (c10.EX_SKIP, "ex10_fix_skip", "the loop to finish|ANY rank.s loss"),  # one bad batch each: may not hang
     (c10.EX_SKIP, "ex10_fix_skip__own_steps_only", "ANY rank's loss"),
     (c10.EX_SKIP, "ex10_fix_skip__min_flag", "ANY rank's loss"),
 ])

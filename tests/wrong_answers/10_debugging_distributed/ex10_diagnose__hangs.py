@@ -1,6 +1,5 @@
     ### BEGIN SOLUTION
-    # Wrong: waits for a report that would say it all.
-    while "culprit" not in report:
+    # Wrong: never returns (waits for a clearer report).
+    while True:
         time.sleep(0.1)
-    return 0, "crash", 1
     ### END SOLUTION
