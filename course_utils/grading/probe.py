@@ -246,7 +246,7 @@ def run_probe(server: ProbeServer, program: list[tuple[str, str]], grade_id: str
               hide: list[str] | tuple[str, ...] = ()) -> ProbeOutcome:
     """Fork a probe for `grade_id`, wait at most `timeout` s for its result, kill it, decode the result.
 
-    The probe may write only in its own folder (and /dev), and may not read beneath `hide` (landlock=False:
+    The probe may write only in its own folder (and /dev, /proc), and may not read beneath `hide` (landlock=False:
     no fence, for tests of what happens on kernels without Landlock)."""
     from course_utils import checks
 

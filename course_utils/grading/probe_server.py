@@ -11,7 +11,7 @@ the first line of student code:
 - closes the server's socket (it cannot ask for more processes) and keeps only the pipe for its result;
 - moves cwd, HOME, TMPDIR, IPYTHONDIR, caches into a throwaway folder, pins CUDA_VISIBLE_DEVICES, sends
   stdout to /dev/null and stderr to a capped file;
-- fences its writes into that folder and /dev, and hides the masters, their git history, the submissions
+- fences its writes into that folder, /dev and /proc, and hides the masters, their git history, the submissions
   and other sandboxes from its reads (Landlock, where the kernel has it);
 - takes the exercise's `probe` function from the checks module.
 Then it execs the master's setup cells and the submission's solution cells in a fresh namespace, calls
@@ -192,7 +192,10 @@ def _isolate(req: dict) -> None:
     resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
     sandbox.prefer_oom_kill()
     if req.get("landlock", True):
-        sandbox.restrict([root, "/dev"], list(req.get("hide", ())) + sandbox.other_sandboxes(root))
+        # /proc too: CUDA's initialisation writes there (cudaGetDeviceCount fails with error 304 without it,
+        # seen on an H100), also in the ranks a probe starts. Other processes' /proc files stay out of reach:
+        # Landlock denies ptrace-mode access (mem, fd, environ) to processes outside the sandbox.
+        sandbox.restrict([root, "/dev", "/proc"], list(req.get("hide", ())) + sandbox.other_sandboxes(root))
 
 
 def run_child(req: dict, result_fd: int) -> None:

@@ -13,9 +13,11 @@ from __future__ import annotations
 import functools
 import io
 import linecache
+import marshal
 import os
 import pickle
 import struct
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -112,6 +114,8 @@ def _picklers() -> tuple[type, type]:
         def reducer_override(self, obj):
             if isinstance(obj, (torch.Tensor, torch.UntypedStorage)) and obj.device.type != "cpu":
                 raise _DeviceTensor(obj.device)
+            if isinstance(obj, types.CodeType):
+                return _code_from_marshal, (marshal.dumps(obj),)
             return _storage_reduction(obj) or super().reducer_override(obj)
 
     class CPUPickler(cloudpickle.Pickler):
@@ -129,6 +133,13 @@ def _picklers() -> tuple[type, type]:
 
 
 # ---- calls: parent -> ranks ---------------------------------------------------------------------------
+
+
+# Code objects travel as marshal data (the .pyc format; the ranks run this same interpreter), which keeps
+# their file name: cloudpickle 3.1.3 renames every file "<dynamic-code>", and a rank's traceback and stack
+# would then show neither the cell's name nor its lines.
+def _code_from_marshal(data: bytes) -> types.CodeType:
+    return marshal.loads(data)
 
 
 class _DeviceTensor(TypeError):
