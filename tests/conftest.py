@@ -54,6 +54,7 @@ def _file_times_the_gpu(path: str) -> bool:
         return False
 
 
+@pytest.hookimpl(optionalhook=True)  # `-p no:xdist` runs have no such hook
 def pytest_xdist_make_scheduler(config, log):
     """Schedule `--dist loadgroup` runs by file, and every file that times the GPU in one group ("cuda").
 
