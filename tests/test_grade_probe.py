@@ -75,6 +75,35 @@ def f():
     assert not target.exists()
 
 
+@pytest.mark.skipif(sandbox.landlock_abi() < 1, reason="this Linux kernel has no Landlock")
+def test_a_probe_may_write_its_own_proc_files_but_not_read_the_graders_memory(server):
+    """CUDA's initialisation writes beneath /proc (a fenced probe without it failed every GPU exercise with
+    error 304 on an H100): naming a thread writes /proc/self/task/TID/comm. Another process's memory stays out
+    of reach: Landlock refuses ptrace-mode access to processes outside the sandbox."""
+    code = f"""
+import os, threading
+def f():
+    seen = {{}}
+    def named():
+        with open(f"/proc/self/task/{{threading.get_native_id()}}/comm", "w") as comm:
+            comm.write("probe-worker")
+        seen["comm"] = open(f"/proc/self/task/{{threading.get_native_id()}}/comm").read().strip()
+    t = threading.Thread(target=named)
+    t.start()
+    t.join()
+    try:
+        open("/proc/{os.getpid()}/mem", "rb").read(1)
+        seen["grader_mem"] = "read"
+    except OSError as err:
+        seen["grader_mem"] = type(err).__name__
+    return seen
+"""
+    out = probe(server, code)
+    assert out.status == "ok", out
+    assert out.data["out"]["comm"] == "probe-worker"
+    assert out.data["out"]["grader_mem"] == "PermissionError"
+
+
 def test_infinite_loop_is_cut_off_at_the_time_limit(server):
     t0 = time.monotonic()
     out = probe(server, "def f():\n    while True:\n        pass", timeout=2)
