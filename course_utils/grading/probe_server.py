@@ -48,8 +48,7 @@ CHECKS_MODULES_ENV = "COURSE_CHECKS_MODULES"
 # Imported once here so that probes (and the setup cells they run) start warm.
 WARM_MODULES = ("numpy", "torch", "matplotlib", "matplotlib.pyplot", "IPython.display", "course_utils.checks",
                 "course_utils.measure", "course_utils.timeline", "course_utils.launch", "course_utils.reference",
-                "course_utils.hardware", "course_utils.bench", "course_utils.host_device", "course_utils.streams",
-                "course_utils.events", "course_utils.copies")
+                "course_utils.hardware", "course_utils.bench")
 MAX_TRACEBACK = 4000
 
 
