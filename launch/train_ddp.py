@@ -364,5 +364,21 @@ def run(args: argparse.Namespace, device: torch.device) -> dict:
     return result
 
 
+def exit_without_teardown() -> None:
+    """End the process now that everything is written, skipping the interpreter's teardown.
+
+    Under torch 2.13, DDP on gloo keeps its process group, and the group's threads, alive after
+    destroy_process_group(). Those threads can abort the process while Python shuts down ("terminate called
+    without an active exception", exit code -6). That happened to about 1 two-rank run in 10 on this course's
+    CPU machines, after training had finished. The launcher's ranks leave the same way."""
+    import atexit
+
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 if __name__ == "__main__":
     main()
+    exit_without_teardown()
