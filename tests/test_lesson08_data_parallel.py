@@ -152,15 +152,30 @@ def first_allreduce(spans: list[dict], rank: int) -> float:
     return min(starts)
 
 
+def strategies(ns: dict) -> dict:
+    return {"each": ns["each_gradient"], "flat": ns["one_flat"], "per_param": ns["per_parameter"],
+            "buckets": ns["bucketed"](ns["BUCKET_CAP_MB"]), "ddp": ns["torch_ddp"]}
+
+
 @pytest.fixture(scope="module")
-def versions_on_gloo(notebook):
+def gloo_pair(notebook):
+    """The notebook's definitions and two gloo ranks, kept for the module (a timing may be measured again)."""
     ns = definitions(notebook)
-    wraps = {"each": ns["each_gradient"], "flat": ns["one_flat"], "per_param": ns["per_parameter"],
-             "buckets": ns["bucketed"](ns["BUCKET_CAP_MB"]), "ddp": ns["torch_ddp"]}
     with launch.Pool(2, backend="gloo", timeout=300) as pool:
-        out = {"sizes": pool.run(ns["size_up"], [8, 16, 32], timeout=300)}
-        for key, wrap in wraps.items():
-            out[key] = pool.run(ns["run_strategy"], wrap, 16, steps=1, warmup=0, timeout=300)
+        yield ns, pool
+
+
+def run_version(gloo_pair, key: str) -> dict:
+    ns, pool = gloo_pair
+    return pool.run(ns["run_strategy"], strategies(ns)[key], 16, steps=1, warmup=0, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def versions_on_gloo(gloo_pair):
+    ns, pool = gloo_pair
+    out = {"sizes": pool.run(ns["size_up"], [8, 16, 32], timeout=300)}
+    for key in strategies(ns):
+        out[key] = run_version(gloo_pair, key)
     return out
 
 
@@ -176,11 +191,21 @@ def test_every_version_gives_the_full_batch_gradients(versions_on_gloo, key):
         assert r["max_rel_err"] < 1e-5, (key, rank, r["max_rel_err"])
 
 
+def starts_during_backward(result: dict) -> bool:
+    spans = result[0]["timeline"]["spans"]
+    return first_allreduce(spans, 0) < backward_end(spans, 0)
+
+
 @pytest.mark.parametrize("key,during", [("each", False), ("flat", False), ("per_param", True), ("buckets", True),
                                         ("ddp", True)])
-def test_which_versions_start_communication_during_backward(versions_on_gloo, key, during):
-    spans = versions_on_gloo[key][0]["timeline"]["spans"]
-    assert (first_allreduce(spans, 0) < backward_end(spans, 0)) is during, key
+def test_which_versions_start_communication_during_backward(versions_on_gloo, gloo_pair, key, during):
+    seen = [starts_during_backward(versions_on_gloo[key])]
+    # A timing on a busy 2-core machine: a hook queues its all-reduce during backward, but gloo's thread may get
+    # the CPU only after backward has ended (seen once in CI for buckets). So the best of three runs; the
+    # versions that all-reduce after backward cannot start early however the threads are scheduled.
+    while during and not any(seen) and len(seen) < 3:
+        seen.append(starts_during_backward(run_version(gloo_pair, key)))
+    assert any(seen) is during, (key, seen)
 
 
 # ------------------------------------------------------------------------------ ex08_bucket_schedule (CPU)
