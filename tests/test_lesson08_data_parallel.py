@@ -152,9 +152,13 @@ def first_allreduce(spans: list[dict], rank: int) -> float:
     return min(starts)
 
 
-def strategies(ns: dict) -> dict:
-    return {"each": ns["each_gradient"], "flat": ns["one_flat"], "per_param": ns["per_parameter"],
-            "buckets": ns["bucketed"](ns["BUCKET_CAP_MB"]), "ddp": ns["torch_ddp"]}
+VERSIONS = ("each", "flat", "per_param", "buckets", "ddp")  # the notebook's data-parallel versions, in order
+
+
+def strategy(ns: dict, key: str):
+    if key == "buckets":
+        return ns["bucketed"](ns["BUCKET_CAP_MB"])
+    return ns[{"each": "each_gradient", "flat": "one_flat", "per_param": "per_parameter", "ddp": "torch_ddp"}[key]]
 
 
 @pytest.fixture(scope="module")
@@ -167,14 +171,14 @@ def gloo_pair(notebook):
 
 def run_version(gloo_pair, key: str) -> dict:
     ns, pool = gloo_pair
-    return pool.run(ns["run_strategy"], strategies(ns)[key], 16, steps=1, warmup=0, timeout=300)
+    return pool.run(ns["run_strategy"], strategy(ns, key), 16, steps=1, warmup=0, timeout=300)
 
 
 @pytest.fixture(scope="module")
 def versions_on_gloo(gloo_pair):
     ns, pool = gloo_pair
     out = {"sizes": pool.run(ns["size_up"], [8, 16, 32], timeout=300)}
-    for key in strategies(ns):
+    for key in VERSIONS:
         out[key] = run_version(gloo_pair, key)
     return out
 
@@ -184,7 +188,7 @@ def test_ranks_agree_on_the_sizes(versions_on_gloo):
     assert a == b  # the slower rank's times on both: both stop sizing up at the same batch (else: a hang)
 
 
-@pytest.mark.parametrize("key", ["each", "flat", "per_param", "buckets", "ddp"])
+@pytest.mark.parametrize("key", VERSIONS)
 def test_every_version_gives_the_full_batch_gradients(versions_on_gloo, key):
     for rank, r in versions_on_gloo[key].items():
         assert r["same_start"] is True, (key, rank)

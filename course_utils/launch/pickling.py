@@ -114,8 +114,11 @@ def _picklers() -> tuple[type, type]:
         def reducer_override(self, obj):
             if isinstance(obj, (torch.Tensor, torch.UntypedStorage)) and obj.device.type != "cpu":
                 raise _DeviceTensor(obj.device)
+            # Code objects travel as marshal data (the .pyc format; the ranks run this same interpreter), which
+            # keeps their file name: cloudpickle 3.1.3 renames every file "<dynamic-code>", and a rank's
+            # traceback and stack would then show neither the cell's name nor its lines.
             if isinstance(obj, types.CodeType):
-                return _code_from_marshal, (marshal.dumps(obj),)
+                return marshal.loads, (marshal.dumps(obj),)
             return _storage_reduction(obj) or super().reducer_override(obj)
 
     class CPUPickler(cloudpickle.Pickler):
@@ -133,13 +136,6 @@ def _picklers() -> tuple[type, type]:
 
 
 # ---- calls: parent -> ranks ---------------------------------------------------------------------------
-
-
-# Code objects travel as marshal data (the .pyc format; the ranks run this same interpreter), which keeps
-# their file name: cloudpickle 3.1.3 renames every file "<dynamic-code>", and a rank's traceback and stack
-# would then show neither the cell's name nor its lines.
-def _code_from_marshal(data: bytes) -> types.CodeType:
-    return marshal.loads(data)
 
 
 class _DeviceTensor(TypeError):
