@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import os
 import re
-from pathlib import Path
 
 import pytest
 
@@ -41,40 +40,41 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="needs two or more GPUs"))
 
 
-@functools.cache
-def _file_times_the_gpu(path: str) -> bool:
-    """A test file (or notebook) whose GPU timings a parallel test on the same GPU would distort: the notebooks,
-    the lesson and exercise tests, and any file with a test marked gpu or multigpu."""
-    p = Path(path)
-    if p.suffix == ".ipynb" or p.name.startswith(("test_lesson", "test_exercises")):
-        return True
-    try:
-        return bool(re.search(r"mark\.(gpu|multigpu)\b", p.read_text()))
-    except OSError:
-        return False
+def _times_the_gpu(item) -> bool:
+    """A test whose GPU work a parallel test on the same GPU would distort: the notebooks, tests marked gpu,
+    multigpu or gpu_timing (a lesson's tests that time the GPU whenever there is one)."""
+    return item.path.suffix == ".ipynb" or any(m in item.keywords for m in ("gpu", "multigpu", "gpu_timing"))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """On a GPU box a test that times the GPU holds every GPU alone (`course_utils.gpu_lock`, machine-wide), so
+    kernels of a parallel test never make concurrency appear or vanish; the grader takes the same locks for its
+    GPU checks. Other tests run in parallel meanwhile."""
+    if not (_cuda_count() and _times_the_gpu(item)):
+        yield
+        return
+    from course_utils import gpu_lock
+
+    with gpu_lock.holding(gpu_lock.visible_gpus()):
+        yield
 
 
 @pytest.hookimpl(optionalhook=True)  # `-p no:xdist` runs have no such hook
 def pytest_xdist_make_scheduler(config, log):
-    """Schedule `--dist loadgroup` runs by file, and every file that times the GPU in one group ("cuda").
-
-    One file's tests run in one worker, so a module's expensive fixtures (a grading lab, a notebook kernel, a
-    pool of ranks) are built once; on a GPU box the files that time the GPU run one after another in one worker,
-    as kernels of a parallel test queued on the same GPU would make concurrency appear or vanish. (xdist's own
-    loadgroup reads xdist_group marks through the item's old `_nodeid`, which pytest 9 no longer uses: it
-    silently scheduled test by test.)"""
+    """Schedule `--dist loadgroup` runs by file: one file's tests run in one worker, so a module's expensive
+    fixtures (a grading lab, a notebook kernel, a pool of ranks) are built once. (xdist's own loadgroup reads
+    xdist_group marks through the item's old `_nodeid`, which pytest 9 no longer uses: it silently scheduled
+    test by test.)"""
     if config.getvalue("dist") != "loadgroup":
         return None
     from xdist.scheduler import LoadScopeScheduling
 
-    root = config.rootpath
-
-    class FileOrCuda(LoadScopeScheduling):
+    class ByFile(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            path = nodeid.split("::", 1)[0]
-            return "cuda" if _cuda_count() and _file_times_the_gpu(str(root / path)) else path
+            return nodeid.split("::", 1)[0]
 
-    return FileOrCuda(config, log)
+    return ByFile(config, log)
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -19,6 +19,7 @@ from tests.exercise_cells import exercise_cells, run_cells
 
 matplotlib.use("Agg")
 
+pytestmark = pytest.mark.gpu_timing  # on a GPU box every test here holds the GPU alone (conftest)
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "01_host_and_device.ipynb"
 STEM = NOTEBOOK.stem

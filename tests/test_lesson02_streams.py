@@ -18,6 +18,7 @@ from course_utils import checks, reference
 from course_utils.checks import streams as c02
 from tests.exercise_cells import exercise_cells, run_cells
 
+pytestmark = pytest.mark.gpu_timing  # on a GPU box every test here holds the GPU alone (conftest)
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "02_cuda_streams.ipynb"
 STEM = NOTEBOOK.stem

@@ -14,6 +14,7 @@ from course_utils import checks, reference
 from course_utils.checks import events as ev
 from tests.exercise_cells import exercise_cells, run_cells
 
+pytestmark = pytest.mark.gpu_timing  # on a GPU box every test here holds the GPU alone (conftest)
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "03_cuda_events.ipynb"
 WRONG = ROOT / "tests" / "wrong_answers" / "03_cuda_events"

@@ -17,6 +17,7 @@ from course_utils.checks import CheckFailed
 from course_utils.checks import copies as c04
 from tests.exercise_cells import exercise_cells, run_cells
 
+pytestmark = pytest.mark.gpu_timing  # on a GPU box every test here holds the GPU alone (conftest)
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "04_async_memcpy.ipynb"
 WRONG = ROOT / "tests" / "wrong_answers" / "04_async_memcpy"

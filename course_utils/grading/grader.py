@@ -20,6 +20,8 @@ from pathlib import Path
 
 import nbformat
 
+from .. import gpu_lock
+from ..gpu_lock import visible_gpus
 from . import assemble, release
 from .probe import ProbeServer, run_probe
 from .probe_server import load_checks
@@ -47,18 +49,6 @@ class Options:
     gpus: tuple[str, ...] | None = None  # GPU ids to use; None: every GPU this process can see
 
 
-def visible_gpus() -> tuple[str, ...]:
-    """The GPU ids probes may be pinned to: CUDA_VISIBLE_DEVICES's entries if set, else 0..count-1."""
-    env = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if env is not None:
-        return tuple(t.strip() for t in env.split(",") if t.strip() and not t.strip().startswith("-"))
-    if sys.platform.startswith("linux") and not Path("/dev/nvidiactl").exists():
-        return ()  # no NVIDIA driver: no need to import torch to know
-    import torch
-
-    return tuple(str(i) for i in range(torch.cuda.device_count()))  # NVML first: no CUDA context here
-
-
 def _module_file(spec: str) -> Path | None:
     """The file of a checks module (a .py path, or a dotted name found without importing the module itself)."""
     if spec.endswith(".py") or os.sep in spec:
@@ -79,10 +69,12 @@ def _clean(text: str, limit: int = 4000) -> str:
 
 
 class GpuPool:
-    """GPU ids handed out whole: a job holds its GPUs alone until it gives them back (others wait their turn)."""
+    """GPU ids handed out whole: a job holds its GPUs alone until it gives them back (others wait their turn),
+    in this process and machine-wide (`gpu_lock`: two graders, or a grader and a test, never time one GPU at once)."""
 
     def __init__(self, ids: tuple[str, ...] | list[str]):
         self._free = list(ids)
+        self._turns: dict[str, gpu_lock.Turn] = {}
         self._cond = threading.Condition()
 
     def take(self, n: int = 1) -> str:
@@ -90,10 +82,21 @@ class GpuPool:
         with self._cond:
             self._cond.wait_for(lambda: len(self._free) >= n)
             taken, self._free = self._free[:n], self._free[n:]
-            return ",".join(taken)
+        devices = ",".join(taken)
+        try:
+            turn = gpu_lock.take(taken)
+        except BaseException:
+            self.give(devices)
+            raise
+        with self._cond:
+            self._turns[devices] = turn
+        return devices
 
     def give(self, devices: str) -> None:
         with self._cond:
+            turn = self._turns.pop(devices, None)
+            if turn is not None:
+                turn.release()
             self._free += [d for d in devices.split(",") if d]
             self._cond.notify_all()
 

@@ -1,0 +1,98 @@
+"""Turns on the GPUs, machine-wide: whoever times a GPU holds it alone, across processes and users.
+
+Kernels of two processes on one GPU share it, so a timing taken while another process runs kernels
+shows concurrency (or its absence) that is not the code's. The grader takes a GPU's lock for each
+GPU check it runs and for each feedback run; the course's test suite takes every GPU's lock for a test
+that times the GPU. Locks are `flock`s on one file per GPU id in `lock_dir()`, taken in sorted order
+(so two holders of several GPUs never wait for each other in a circle), and the kernel drops them
+when their holder dies, however it dies.
+
+A process that holds the locks sets COURSE_GPU_LOCKS_HELD=1 for its children, which then take none:
+a test that runs the grader would otherwise wait for itself.
+
+GPU ids are CUDA_VISIBLE_DEVICES entries as `visible_gpus()` gives them (CUDA's numbering unless the
+variable names UUIDs): processes that agree on CUDA_DEVICE_ORDER agree on what an id means.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import re
+import sys
+import tempfile
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+LOCK_DIR_ENV = "COURSE_GPU_LOCK_DIR"
+HELD_ENV = "COURSE_GPU_LOCKS_HELD"
+
+
+def visible_gpus() -> tuple[str, ...]:
+    """The GPU ids this process may use: CUDA_VISIBLE_DEVICES's entries if set, else 0..count-1."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        return tuple(t.strip() for t in env.split(",") if t.strip() and not t.strip().startswith("-"))
+    if sys.platform.startswith("linux") and not Path("/dev/nvidiactl").exists():
+        return ()  # no NVIDIA driver: no need to import torch to know
+    import torch
+
+    return tuple(str(i) for i in range(torch.cuda.device_count()))  # NVML first: no CUDA context here
+
+
+def lock_dir() -> Path:
+    """Where the lock files live: $COURSE_GPU_LOCK_DIR, else a folder in the system's temporary folder."""
+    return Path(os.environ.get(LOCK_DIR_ENV) or Path(tempfile.gettempdir()) / "course_utils-gpu-locks")
+
+
+@dataclass
+class Turn:
+    """GPU locks held until `release()`."""
+
+    ids: tuple[str, ...]
+    _files: list[int] = field(default_factory=list)
+
+    def release(self) -> None:
+        for fd in reversed(self._files):
+            os.close(fd)  # closing the descriptor drops its flock
+        self._files.clear()
+
+
+def take(ids: Iterable[str]) -> Turn:
+    """Wait until every GPU in `ids` is free machine-wide, and hold them (a no-op under COURSE_GPU_LOCKS_HELD=1)."""
+    ids = tuple(sorted(set(ids)))
+    turn = Turn(ids)
+    if not ids or os.environ.get(HELD_ENV) == "1":
+        return turn
+    folder = lock_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(OSError):  # shared by every user of the machine (sticky, like /tmp itself)
+        os.chmod(folder, 0o1777)
+    try:
+        for gpu in ids:
+            name = re.sub(r"[^A-Za-z0-9_.-]", "_", gpu)
+            fd = os.open(folder / f"gpu-{name}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+            turn._files.append(fd)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+    except BaseException:
+        turn.release()
+        raise
+    return turn
+
+
+@contextlib.contextmanager
+def holding(ids: Iterable[str]) -> Iterator[Turn]:
+    """Hold the GPUs in `ids` for the block; children started inside take no locks of their own."""
+    turn = take(ids)
+    before = os.environ.get(HELD_ENV)
+    os.environ[HELD_ENV] = "1"
+    try:
+        yield turn
+    finally:
+        if before is None:
+            os.environ.pop(HELD_ENV, None)
+        else:
+            os.environ[HELD_ENV] = before
+        turn.release()

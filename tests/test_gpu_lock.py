@@ -1,0 +1,93 @@
+"""Machine-wide GPU turns: a second process waits for a held GPU, dead holders free it, children of a holder
+take none, and the grader's GPU pool holds the locks while a job has its GPUs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+from course_utils import gpu_lock
+from course_utils.grading import grader as grader_module
+
+
+@pytest.fixture(autouse=True)
+def lock_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv(gpu_lock.LOCK_DIR_ENV, str(tmp_path))
+    monkeypatch.delenv(gpu_lock.HELD_ENV, raising=False)
+    return tmp_path
+
+
+def _child_takes(ids: list[str], hold_s: float = 0.0) -> subprocess.Popen:
+    """A process that takes `ids`, prints 'took <time>', holds them `hold_s` seconds and exits."""
+    code = textwrap.dedent(f"""
+        import time
+        from course_utils import gpu_lock
+        t = gpu_lock.take({ids!r})
+        print("took", time.time(), flush=True)
+        time.sleep({hold_s})
+    """)
+    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=os.environ.copy())
+
+
+def test_a_held_gpu_makes_another_process_wait_until_it_is_released():
+    turn = gpu_lock.take(["0"])
+    child = _child_takes(["0"])
+    time.sleep(1.0)
+    assert child.poll() is None, "the child took a GPU that this process holds"
+    released = time.time()
+    turn.release()
+    out, _ = child.communicate(timeout=30)
+    assert float(out.split()[1]) >= released
+
+
+def test_other_gpus_are_not_waited_for():
+    turn = gpu_lock.take(["0"])
+    try:
+        out, _ = _child_takes(["1"]).communicate(timeout=30)
+        assert out.startswith("took")
+    finally:
+        turn.release()
+
+
+def test_a_holder_that_dies_frees_its_gpus():
+    holder = _child_takes(["0", "1"], hold_s=600)
+    assert holder.stdout.readline().startswith("took")
+    holder.kill()
+    holder.wait()
+    got = []
+    t = threading.Thread(target=lambda: got.append(gpu_lock.take(["1", "0"])))
+    t.start()
+    t.join(10)
+    assert got, "a killed holder's locks were not dropped"
+    got[0].release()
+
+
+def test_children_of_a_holder_take_no_locks_and_the_variable_is_restored():
+    with gpu_lock.holding(["0"]):
+        assert os.environ[gpu_lock.HELD_ENV] == "1"
+        out, _ = _child_takes(["0"]).communicate(timeout=30)  # would wait for ever if it took the lock
+        assert out.startswith("took")
+    assert gpu_lock.HELD_ENV not in os.environ
+    gpu_lock.take(["0"]).release()  # and the lock is free again
+
+
+def test_the_grader_pool_holds_the_machine_wide_lock_while_a_job_has_the_gpu():
+    pool = grader_module.GpuPool(("0",))
+    devices = pool.take(1)
+    child = _child_takes(["0"])
+    time.sleep(1.0)
+    assert child.poll() is None, "another process could time GPU 0 while the grader's job had it"
+    pool.give(devices)
+    out, _ = child.communicate(timeout=30)
+    assert out.startswith("took")
+
+
+def test_no_gpus_no_locks(lock_dir):
+    gpu_lock.take([]).release()
+    assert list(lock_dir.iterdir()) == []
