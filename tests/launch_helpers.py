@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import linecache
 import os
+import sys
 import textwrap
 import time
 
@@ -38,9 +39,22 @@ def tcpstore_warmed():
     del store
 
 
+def cuda_initialised() -> bool:
+    """Whether this process has a CUDA context (imports torch only if something already did)."""
+    torch = sys.modules.get("torch")
+    return bool(torch is not None and torch.cuda.is_initialized())
+
+
+def assert_cuda_untouched(before: dict) -> None:
+    """The launcher did not initialise CUDA here. (A test file run earlier in the same worker may have: then
+    this proves nothing, and tests/test_launch_gpu.py's fresh interpreters prove it on a GPU box.)"""
+    assert cuda_initialised() == before["cuda"], "the launcher initialised CUDA in the notebook's process"
+
+
 def snapshot() -> dict:
     me = psutil.Process()
     return {"children": me.children(recursive=True), "fds": len(os.listdir("/proc/self/fd")),
+            "cuda": cuda_initialised(),
             "listening": [c for c in me.net_connections("inet") if c.status == psutil.CONN_LISTEN]}
 
 

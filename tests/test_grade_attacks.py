@@ -127,7 +127,9 @@ class Lab:
 
     def grade(self, folder: str, *args: str, env: dict | None = None, timeout: float = 900):
         """Run the grader on base/folder; returns ({(submission folder, stem): {grade_id: (status, msg)}}, out)."""
-        environment = {**os.environ, "PYTHONPATH": str(self.pkg), "HOME": str(self.home),
+        # The copied package comes first; what the environment had (the GPU machines' packages) after it.
+        path = os.pathsep.join([str(self.pkg)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+        environment = {**os.environ, "PYTHONPATH": path, "HOME": str(self.home),
                        "MPLCONFIGDIR": str(self.base / "mpl"), **(env or {})}
         environment.pop("COURSE_CHECKS_MODULES", None)
         xml = self.base / f"{folder}.xml"

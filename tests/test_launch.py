@@ -25,6 +25,7 @@ from tests.launch_helpers import (
     FAILS_ON_RANK_1,
     ROOT,
     assert_clean,
+    assert_cuda_untouched,
     assert_gone,
     cell_function,
     snapshot,
@@ -113,7 +114,7 @@ def test_run_returns_every_rank_with_torchrun_environment(capsys):
     out = capsys.readouterr().out
     assert "[rank 0] sum is 6" in out and "[rank 1] sum is 6" in out
     # The notebook's process never initialises CUDA or a process group because of the launcher.
-    assert not torch.cuda.is_initialized()
+    assert_cuda_untouched(before)
     assert not dist.is_initialized()
     assert_clean(before)
 

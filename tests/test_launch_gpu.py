@@ -21,6 +21,7 @@ from tests.launch_helpers import (
     ROOT,
     assert_gone,
     cell_function,
+    cuda_initialised,
     tcpstore_warmed,  # noqa: F401  (an autouse fixture)
 )
 
@@ -40,8 +41,20 @@ CUDA_ALL_REDUCE = cell_function("""
 """, "cuda_all_reduce")
 
 
+@pytest.fixture(scope="module", autouse=True)
+def cuda_before():
+    """This worker's CUDA state before this file's tests (a file run earlier in the same worker may have
+    initialised it; the fresh-interpreter tests below prove the launcher never does)."""
+    CUDA_BEFORE.append(cuda_initialised())
+    yield
+    CUDA_BEFORE.clear()
+
+
+CUDA_BEFORE: list[bool] = []
+
+
 def assert_notebook_untouched():
-    assert not torch.cuda.is_initialized()
+    assert cuda_initialised() == CUDA_BEFORE[0], "the launcher initialised CUDA in the notebook's process"
     assert not dist.is_initialized()
     assert psutil.Process().children(recursive=True) == []
 
