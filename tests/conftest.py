@@ -60,6 +60,38 @@ def pytest_runtest_protocol(item, nextitem):
         yield
 
 
+WORKER_EXIT_GRACE_S = float(os.environ.get("COURSE_WORKER_EXIT_GRACE_S", "90"))
+
+
+def pytest_unconfigure(config):
+    """An xdist worker that has not exited WORKER_EXIT_GRACE_S after its session ended (something it started
+    keeps it alive: a thread, a child) prints its threads' stacks and its child processes, then ends, so the
+    run reports instead of hanging at "teardown_nodes" until an outer timeout (seen once on 2xH200)."""
+    if not hasattr(config, "workerinput"):
+        return
+    import threading
+
+    def watchdog() -> None:
+        import faulthandler
+        import time
+
+        import psutil
+
+        time.sleep(WORKER_EXIT_GRACE_S)
+        me = psutil.Process()
+        lines = [f"[conftest] xdist worker {config.workerinput.get('workerid')} (pid {me.pid}) still alive "
+                 f"{WORKER_EXIT_GRACE_S:g} s after its session ended; threads: "
+                 f"{[t.name for t in threading.enumerate()]}; children: "
+                 f"{[(c.pid, c.name(), ' '.join(c.cmdline())[:200]) for c in me.children(recursive=True)]}"]
+        os.write(2, ("\n".join(lines) + "\n").encode())
+        faulthandler.dump_traceback(file=2, all_threads=True)
+        for c in me.children(recursive=True):
+            c.kill()
+        os._exit(3)
+
+    threading.Thread(target=watchdog, name="conftest-exit-watchdog", daemon=True).start()
+
+
 @pytest.hookimpl(optionalhook=True)  # `-p no:xdist` runs have no such hook
 def pytest_xdist_make_scheduler(config, log):
     """Schedule `--dist loadgroup` runs by file: one file's tests run in one worker, so a module's expensive

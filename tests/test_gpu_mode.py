@@ -72,3 +72,24 @@ def test_loadgroup_keeps_a_file_in_one_worker(tmp_path):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     builds = (tmp_path / "builds.txt").read_text().split()
     assert sorted(builds) == ["test_a", "test_b", "test_c"], builds  # three, not one per worker per file
+
+
+LEAVES_A_THREAD = '''
+import threading, time
+
+def test_leaves_a_thread_running():
+    threading.Thread(target=time.sleep, args=(3600,), name="left-behind").start()  # not a daemon: blocks exit
+'''
+
+
+def test_a_worker_that_cannot_exit_reports_its_threads_and_ends(tmp_path):
+    (tmp_path / "test_sample.py").write_text(LEAVES_A_THREAD)
+    (tmp_path / "conftest.py").write_text((ROOT / "tests" / "conftest.py").read_text())
+    env = {**os.environ, "COURSE_WORKER_EXIT_GRACE_S": "2"}
+    res = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "1", str(tmp_path)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+    )
+    out = res.stdout + res.stderr
+    assert "still alive 2 s after its session ended" in out and "left-behind" in out, out[-3000:]
+    assert "1 passed" in out
