@@ -10,6 +10,8 @@ from __future__ import annotations
 import functools
 import os
 import re
+import sys
+import time
 
 import pytest
 
@@ -58,6 +60,57 @@ def pytest_runtest_protocol(item, nextitem):
 
     with gpu_lock.holding(gpu_lock.visible_gpus()):
         yield
+
+
+SESSION_ENV = "COURSE_TEST_SESSION"
+
+
+def pytest_configure(config):
+    # A mark every process this pytest process starts inherits (unless given an environment of its own), so
+    # whatever is still running when the session ends can be found, reparented or not.
+    os.environ[SESSION_ENV] = f"{os.getpid()}-{time.time_ns()}"
+
+
+def _strays() -> list:
+    """Processes other than this one that carry this session's mark."""
+    import psutil
+
+    mark = f"{SESSION_ENV}={os.environ.get(SESSION_ENV)}".encode() + b"\0"
+    found = []
+    for pid in psutil.pids():
+        if pid == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if mark in f.read() + b"\0":
+                    found.append(psutil.Process(pid))
+        except (OSError, psutil.Error):
+            continue
+    return found
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Whatever a test started and left running (an orphaned rank, a kernel, a server) is named and ended here: a
+    stray process holding a worker's pipes keeps xdist waiting at teardown_nodes for ever."""
+    config = session.config
+    if not sys.platform.startswith("linux") or (getattr(config.option, "numprocesses", None)
+                                                 and not hasattr(config, "workerinput")):
+        return  # an xdist controller runs no tests (and its workers, alive still, carry its mark)
+    import psutil
+
+    deadline = time.monotonic() + 5  # a process on its way out gets a moment
+    strays = _strays()
+    while strays and time.monotonic() < deadline:
+        time.sleep(0.2)
+        strays = [p for p in strays if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    if strays:
+        names = [(p.pid, p.name(), " ".join(p.cmdline())[:200]) for p in strays if p.is_running()]
+        os.write(2, f"\n[conftest] processes left running by the tests, now killed: {names}\n".encode())
+        for p in strays:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
 
 
 WORKER_EXIT_GRACE_S = float(os.environ.get("COURSE_WORKER_EXIT_GRACE_S", "90"))

@@ -1,4 +1,5 @@
-"""`make test-gpu` must fail when a GPU test is skipped: prove the conftest rule with a nested pytest run."""
+"""The conftest's rules, each proven with a nested pytest run: `make test-gpu` fails when a GPU test is skipped; a
+process a test left running is named and ended when the session ends; a worker that cannot exit says why and ends."""
 
 from __future__ import annotations
 
@@ -93,3 +94,26 @@ def test_a_worker_that_cannot_exit_reports_its_threads_and_ends(tmp_path):
     out = res.stdout + res.stderr
     assert "still alive 2 s after its session ended" in out and "left-behind" in out, out[-3000:]
     assert "1 passed" in out
+
+
+LEAVES_AN_ORPHAN = '''
+import subprocess, sys
+
+def test_leaves_an_orphan():  # a grandchild that outlives its parent is reparented: no longer anyone's child here
+    subprocess.run([sys.executable, "-c", "import subprocess, sys; "
+                    "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)  # orphan'])"])
+'''
+
+
+def test_a_process_left_running_is_named_and_ended(tmp_path):
+    import psutil
+
+    (tmp_path / "test_sample.py").write_text(LEAVES_AN_ORPHAN)
+    (tmp_path / "conftest.py").write_text((ROOT / "tests" / "conftest.py").read_text())
+    res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "1", str(tmp_path)],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    out = res.stdout + res.stderr
+    assert "processes left running by the tests, now killed" in out and "# orphan" in out, out[-3000:]
+    left = [p for p in psutil.process_iter(["cmdline"])
+            if "time.sleep(600)  # orphan" in " ".join(p.info["cmdline"] or [])]
+    assert not left
