@@ -4,6 +4,7 @@ serves the masters."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -17,6 +18,7 @@ import urllib.request
 from pathlib import Path
 
 import nbformat
+import psutil
 import pytest
 
 from course_utils.grading.release import BEGIN, STUB
@@ -116,13 +118,29 @@ class Lab:
         raise AssertionError("no 'Course lab: URL' line:\n" + "".join(self.seen))
 
     def close(self) -> None:
+        """End the whole process group and wait until every member is gone: `make` exits at SIGTERM while the
+        Jupyter server below it may still be closing its socket (a connection was accepted after close once)."""
         os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+        deadline = time.monotonic() + 15
+        while _group_alive(self.proc.pid):
+            if time.monotonic() > deadline:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.poll()  # reap make; the server, its grandchild, is reaped by whoever it is reparented to
+            time.sleep(0.05)
+        self.proc.wait()
         self.proc.stdout.close()
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether any live (not zombie) process is left in process group `pgid`."""
+    for p in psutil.process_iter(["status"]):
+        try:
+            if os.getpgid(p.pid) == pgid and p.info["status"] != psutil.STATUS_ZOMBIE:
+                return True
+        except (ProcessLookupError, psutil.Error):
+            continue
+    return False
 
 
 @pytest.mark.timeout(150)
