@@ -3,7 +3,8 @@
 tests/wrong_answers/<notebook stem>/<exercise id>.py replaces the exercise's solution block (markers included;
 `### NEXT SOLUTION` lines split it over several blocks); variants are named <exercise id>__<what>.py. The main
 wrong answers of a notebook go into one submission; each variant into a submission of its own (its other
-exercises left unsolved, so only the variant is probed); the grader
+exercises left unsolved, so only the variant is probed; for lessons whose own tests run every variant, only the
+variants aimed at the grading itself, see EVERY_VARIANT_TESTED_IN); the grader
 (course_utils.grading) grades them all in one pass per notebook. On a CPU-only machine a GPU exercise may skip
 (0 points) instead of failing; under COURSE_REQUIRE_GPU=1 it must fail. Exercises are discovered in
 notebooks/*.ipynb when the tests run.
@@ -60,6 +61,33 @@ def test_exercise_ids_are_unique_and_start_with_the_lesson_number(tmp_path):
     assert not bad, f"exercise ids start with ex<lesson number>_: {bad}"
 
 
+# Lessons whose own test file runs every one of their wrong-answer files through the notebook's check and asserts
+# its verdict and message (parametrized over the folder, so no file is left out). Through the grader, their main
+# wrong answers go together (all_wrong) with only the variants aimed at the grading itself; grading each of their
+# other variants here again cost about a minute of CI per lesson.
+EVERY_VARIANT_TESTED_IN = {
+    "05_ranks_and_point_to_point": "test_lesson05_p2p.py",
+    "06_collectives": "test_lesson06_collectives.py",
+    "07_ring_allreduce": "test_lesson07_ring.py",
+    "08_overlap_and_bucketing": "test_lesson08_data_parallel.py",
+    "09_ddp": "test_lesson09_ddp.py",
+    "10_debugging_distributed": "test_lesson10_debugging.py",
+}
+GRADING_VARIANTS = ("equal_to_anything", "always_equal", "reads_the_check", "uses_the_check", "hangs", "uses_bench")
+
+
+def through_the_grader(stem: str, variant: str) -> bool:
+    """Whether the variant file `variant` (<exercise id>__<what>) of lesson `stem` is graded here."""
+    return stem not in EVERY_VARIANT_TESTED_IN or variant.split("__")[-1].endswith(GRADING_VARIANTS)
+
+
+def test_lessons_said_to_test_every_variant_do():
+    for stem, test_file in EVERY_VARIANT_TESTED_IN.items():
+        text = (ROOT / "tests" / test_file).read_text()
+        assert stem in text, f"{test_file} is not lesson {stem}'s test"
+        assert "WRONG.glob(" in text, f"{test_file} does not run every file of tests/wrong_answers/{stem}/"
+
+
 @pytest.fixture(scope="module")
 def grader():
     with grading.Grader(grading.Options(jobs=2)) as g:
@@ -74,7 +102,8 @@ def test_wrong_answers_fail_their_checks(grader, master, tmp_path):
     main = {f.stem: f.read_text() for f in files if "__" not in f.stem}
     if not main:
         pytest.fail(f"no wrong answers for {master.name}")
-    subs = {"all_wrong": main} | {f.stem: {f.stem.split("__")[0]: f.read_text()} for f in files if "__" in f.stem}
+    subs = {"all_wrong": main} | {f.stem: {f.stem.split("__")[0]: f.read_text()} for f in files
+                                  if "__" in f.stem and through_the_grader(master.stem, f.stem)}
     stubs = {ex.grade_id: release.STUB for ex in _exercises(master)}  # a variant's other exercises: not attempted
     items = []
     for name, answers in subs.items():
