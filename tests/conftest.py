@@ -3,6 +3,10 @@
 COURSE_REQUIRE_GPU=1 (set by `make test-gpu`) turns every skip for want of a GPU into a failure, so a
 GPU run proves the GPU paths instead of quietly skipping them. Skips for other reasons (an optional tool
 missing) stay skips, and so do tests marked `multigpu` on a machine with a single GPU.
+
+On a GPU box a test that times the GPU (marked gpu, multigpu or gpu_timing, and every notebook) holds every
+GPU's machine-wide lock (course_utils.gpu_lock) while it runs; the grader takes the same locks for its GPU
+checks. Whatever a test left running is named and ended when the session ends.
 """
 
 from __future__ import annotations
@@ -148,18 +152,34 @@ def pytest_unconfigure(config):
 @pytest.hookimpl(optionalhook=True)  # `-p no:xdist` runs have no such hook
 def pytest_xdist_make_scheduler(config, log):
     """Schedule `--dist loadgroup` runs by file: one file's tests run in one worker, so a module's expensive
-    fixtures (a grading lab, a notebook kernel, a pool of ranks) are built once. (xdist's own loadgroup reads
-    xdist_group marks through the item's old `_nodeid`, which pytest 9 no longer uses: it silently scheduled
-    test by test.)"""
+    fixtures (a grading lab, a notebook kernel, a pool of ranks) are built once. On a GPU box the files that
+    hold the GPUs nearly throughout (`_mostly_on_the_gpu`) share one scope, "cuda": they run one after another
+    in one worker, instead of leaving several workers waiting for the GPU locks while CPU-only files queue.
+    (xdist's own loadgroup reads xdist_group marks through the item's old `_nodeid`, which pytest 9 no longer
+    uses: it silently scheduled test by test.)"""
     if config.getvalue("dist") != "loadgroup":
         return None
     from xdist.scheduler import LoadScopeScheduling
 
+    root = config.rootpath
+
     class ByFile(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return nodeid.split("::", 1)[0]
+            path = nodeid.split("::", 1)[0]
+            return "cuda" if _cuda_count() and _mostly_on_the_gpu(root / path) else path
 
     return ByFile(config, log)
+
+
+@functools.cache
+def _mostly_on_the_gpu(path) -> bool:
+    """A notebook, a *_gpu.py test file, or one whose every test is marked gpu or gpu_timing (module pytestmark)."""
+    if path.suffix == ".ipynb" or path.name.endswith("_gpu.py"):
+        return True
+    try:
+        return bool(re.search(r"^pytestmark = .*pytest\.mark\.(gpu|gpu_timing)\b", path.read_text(), re.M))
+    except OSError:
+        return False
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -117,3 +117,13 @@ def test_a_process_left_running_is_named_and_ended(tmp_path):
     left = [p for p in psutil.process_iter(["cmdline"])
             if "time.sleep(600)  # orphan" in " ".join(p.info["cmdline"] or [])]
     assert not left
+
+
+def test_files_that_hold_the_gpus_throughout_share_one_worker_on_a_gpu_box():
+    from tests.conftest import _mostly_on_the_gpu
+
+    mostly = {p.name for p in (ROOT / "tests").glob("test_*.py") if _mostly_on_the_gpu(p)}
+    assert {"test_lesson01_host_device.py", "test_lesson04_copies.py", "test_timeline_gpu.py", "test_launch_gpu.py",
+            "test_grade_gpu.py"} <= mostly
+    assert not mostly & {"test_lesson05_p2p.py", "test_grade_attacks.py", "test_launch.py", "test_count_syncs.py"}
+    assert _mostly_on_the_gpu(ROOT / "notebooks" / "05_ranks_and_point_to_point.ipynb")
