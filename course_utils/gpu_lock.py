@@ -43,8 +43,14 @@ def visible_gpus() -> tuple[str, ...]:
 
 
 def lock_dir() -> Path:
-    """Where the lock files live: $COURSE_GPU_LOCK_DIR, else a folder in the system's temporary folder."""
-    return Path(os.environ.get(LOCK_DIR_ENV) or Path(tempfile.gettempdir()) / "course_utils-gpu-locks")
+    """Where the lock files live, made if missing: $COURSE_GPU_LOCK_DIR, else a folder in the system's temporary
+    folder, open to every user of the machine (sticky, like /tmp itself)."""
+    folder = Path(os.environ.get(LOCK_DIR_ENV) or Path(tempfile.gettempdir()) / "course_utils-gpu-locks")
+    if not folder.is_dir():
+        folder.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(OSError):
+            os.chmod(folder, 0o1777)
+    return folder
 
 
 @dataclass
@@ -67,9 +73,6 @@ def take(ids: Iterable[str]) -> Turn:
     if not ids or os.environ.get(HELD_ENV) == "1":
         return turn
     folder = lock_dir()
-    folder.mkdir(parents=True, exist_ok=True)
-    with contextlib.suppress(OSError):  # shared by every user of the machine (sticky, like /tmp itself)
-        os.chmod(folder, 0o1777)
     try:
         for gpu in ids:
             name = re.sub(r"[^A-Za-z0-9_.-]", "_", gpu)

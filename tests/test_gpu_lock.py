@@ -9,11 +9,16 @@ import sys
 import textwrap
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from course_utils import gpu_lock
+from course_utils.grading import grade as grading
 from course_utils.grading import grader as grader_module
+from course_utils.grading import sandbox
+
+FIXTURE = Path(__file__).parent / "fixtures" / "grading"
 
 
 @pytest.fixture(autouse=True)
@@ -91,3 +96,17 @@ def test_the_grader_pool_holds_the_machine_wide_lock_while_a_job_has_the_gpu():
 def test_no_gpus_no_locks(lock_dir):
     gpu_lock.take([]).release()
     assert list(lock_dir.iterdir()) == []
+
+
+@pytest.mark.skipif(sandbox.landlock_abi() < 1, reason="this Linux kernel has no Landlock")
+def test_probes_cannot_reach_the_gpu_locks(lock_dir):
+    """A probe that could open a lock file could flock it (a read is enough) and stall every grader on the machine.
+    The fixture's `add` passes only if opening the lock folder's file fails inside the probe."""
+    from tests.exercise_cells import grade_answers
+
+    (lock_dir / "gpu-0.lock").write_text("")
+    answer = (f"    try:\n        open({str(lock_dir / 'gpu-0.lock')!r}).close()\n        return -1\n"
+              f"    except OSError:\n        return a + b\n")
+    with grading.Grader(grading.Options(gpus=("0",), checks_modules=(str(FIXTURE / "fixture_checks.py"),))) as g:
+        got = grade_answers(FIXTURE / "99_fixture.ipynb", {"ex99_add": answer, "ex99_mean": None}, grader=g).by_id()
+    assert got["ex99_add"].status == "passed", got["ex99_add"].message

@@ -202,6 +202,8 @@ class Grader:
         if self.options.executed_dir:
             Path(self.options.executed_dir).mkdir(parents=True, exist_ok=True)
             hidden.add(str(Path(self.options.executed_dir).resolve()))
+        if self.n_gpus:  # the GPU locks: a probe that held one (flock needs only a read) would stall every grader
+            hidden.add(str(gpu_lock.lock_dir().resolve()))
         self._hidden = sorted(hidden)
 
     def _restore(self) -> list[str]:
