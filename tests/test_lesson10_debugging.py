@@ -169,7 +169,9 @@ def test_group_timeout_column(matrix):
     assert "SIGABRT" in shape and "Received data size doesn't match expected size" in shape, shape
     for name, op in (("type mismatch", "recv"), ("send/recv deadlock", "send")):
         assert re.search(rf"Timed out waiting 2000ms for {op} operation", text(name)), text(name)
-        assert "also failed" in text(name), text(name)  # both ranks waited, both gave up
+        # Both ranks waited; the other one gave up too, or (its timeout a moment later, on a busy machine) saw the
+        # first one exit.
+        assert "also failed" in text(name) or "stopped waiting: its connection closed" in text(name), text(name)
     stalled = text("stalled rank")
     assert stalled.startswith("rank 0 failed first") and "Timed out waiting 2000ms" in stalled
     assert "rank 1: was still running and has been stopped" in stalled
