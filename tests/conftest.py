@@ -102,13 +102,25 @@ def pytest_sessionfinish(session, exitstatus):
         return  # an xdist controller runs no tests (and its workers, alive still, carry its mark)
     import psutil
 
+    def alive(p) -> bool:
+        try:
+            return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return False
+
+    def described(p) -> tuple:
+        try:
+            return p.pid, p.name(), " ".join(p.cmdline())[:200]
+        except psutil.Error:
+            return p.pid, "?", "(gone)"
+
     deadline = time.monotonic() + 5  # a process on its way out gets a moment
     strays = _strays()
     while strays and time.monotonic() < deadline:
         time.sleep(0.2)
-        strays = [p for p in strays if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        strays = [p for p in strays if alive(p)]
     if strays:
-        names = [(p.pid, p.name(), " ".join(p.cmdline())[:200]) for p in strays if p.is_running()]
+        names = [described(p) for p in strays]
         os.write(2, f"\n[conftest] processes left running by the tests, now killed: {names}\n".encode())
         for p in strays:
             try:
@@ -130,7 +142,6 @@ def pytest_unconfigure(config):
 
     def watchdog() -> None:
         import faulthandler
-        import time
 
         import psutil
 
