@@ -316,9 +316,12 @@ def time_judge(inputs: dict, data: dict) -> str:
     samples = [s for r in ranks for s in r["before_s"] + r["after_s"]]
     ref = max(statistics.median(r[key]) for r in ranks for key in ("before_s", "after_s"))
     lo, hi = inputs["low"] * min(samples), inputs["high"] * ref
-    best = min(values, key=lambda v: abs(math.log(v / ref)))  # timing verdicts on the best of the runs
+    best = min(values, key=lambda v: abs(math.log(v / ref)))  # the upper bound on the best of the runs
     what = f"about the time an all_reduce of {inputs['numel']} floats takes here"
-    expect(best >= lo, EX_TIME, f"{what}: at least {lo * 1e3:.3f} ms per call", f"{best * 1e3:.4f} ms at best",
+    # The lower bound on every run: a busy machine slows a run down, never below the collectives' own time, but it
+    # can slow a loop that only launches them into the range in one run (a CI run passed such an answer once).
+    expect(min(values) >= lo, EX_TIME, f"{what}: at least {lo * 1e3:.3f} ms per call in every run",
+           f"{min(values) * 1e3:.4f} ms in one run",
            "had every timed collective finished when you read the clock the second time?")
     expect(best <= hi, EX_TIME, f"{what}: at most {hi * 1e3:.3f} ms per call (returned in seconds)",
            f"{best * 1e3:.4f} ms at best", "what did your clock see besides the timed calls?")
