@@ -20,6 +20,7 @@ from course_utils import launch
 from course_utils.launch import WorkerError, WorkerTimeout, output, pickling, stacks, transport
 from tests.launch_helpers import (
     assert_clean,
+    assert_cuda_untouched,
     cell_function,
     snapshot,
     tcpstore_warmed,  # noqa: F401  (an autouse fixture)
@@ -182,7 +183,7 @@ def _pickled_as_if_on_cuda(obj, monkeypatch) -> bytes:
 
 
 def test_storages_saved_on_a_gpu_unpickle_onto_the_cpu(monkeypatch):
-    cuda_before = torch.cuda.is_initialized()  # (a test file run earlier in this worker may have initialised it)
+    before = snapshot()  # (a test file run earlier in this worker may have initialised CUDA)
     t = torch.arange(6.0).reshape(2, 3)
     data = _pickled_as_if_on_cuda({"t": t, "err": ValueError(t)}, monkeypatch)
     if not torch.cuda.is_available():  # plain pickle would rebuild them on the GPU: here, it cannot
@@ -191,7 +192,7 @@ def test_storages_saved_on_a_gpu_unpickle_onto_the_cpu(monkeypatch):
     out = pickling.loads_pickle_on_cpu(data)
     assert out["t"].device.type == "cpu" and torch.equal(out["t"], t)
     assert isinstance(out["err"], ValueError) and torch.equal(out["err"].args[0], t)
-    assert torch.cuda.is_initialized() == cuda_before
+    assert_cuda_untouched(before)
 
 
 def test_tensors_round_trip_with_dtype_shape_strides_and_type():
