@@ -22,7 +22,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from course_utils import checks, release
+from course_utils import checks, gpu_lock, release
 from course_utils.grading import assemble
 from course_utils.grading.probe_server import import_checks_module
 
@@ -101,6 +101,10 @@ class Lab:
         self.home = base / "home"
         self.home.mkdir()
         self.startup = self.home / ".ipython" / "profile_default" / "startup"
+        # The grader's throwaway folders go here, so a test can tell this grader's processes from those of a
+        # grader another test runs at the same time (CI runs two test workers).
+        self.tmp = base / "tmp"
+        self.tmp.mkdir()
         self.snapshot = self.files()
 
     def files(self) -> dict[str, bytes]:
@@ -130,7 +134,8 @@ class Lab:
         # The copied package comes first; what the environment had (the GPU machines' packages) after it.
         path = os.pathsep.join([str(self.pkg)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
         environment = {**os.environ, "PYTHONPATH": path, "HOME": str(self.home),
-                       "MPLCONFIGDIR": str(self.base / "mpl"), **(env or {})}
+                       "MPLCONFIGDIR": str(self.base / "mpl"),
+                       "TMPDIR": str(self.tmp), gpu_lock.LOCK_DIR_ENV: str(gpu_lock.lock_dir()), **(env or {})}
         environment.pop("COURSE_CHECKS_MODULES", None)
         xml = self.base / f"{folder}.xml"
         cmd = [sys.executable, "-m", "course_utils.grade", folder, "--master-dir", str(self.masters),
@@ -264,8 +269,8 @@ def test_without_landlock_the_grader_puts_files_back(tmp_path_factory):
 # ---------------------------------------------------------------------------------------------- limits
 
 
-def _leftovers(base: Path) -> list[int]:
-    """Processes still running in one of the grader's throwaway folders."""
+def _leftovers(tmp: Path) -> list[int]:
+    """Processes still running in one of the throwaway folders of a grader whose TMPDIR is `tmp`."""
     found = []
     for proc in Path("/proc").iterdir():
         if proc.name.isdigit():
@@ -273,7 +278,7 @@ def _leftovers(base: Path) -> list[int]:
                 cwd = os.readlink(proc / "cwd")
             except OSError:
                 continue
-            if "course-probe-" in cwd or "course-notebook-" in cwd:
+            if cwd.startswith(str(tmp) + os.sep) and ("course-probe-" in cwd or "course-notebook-" in cwd):
                 found.append(int(proc.name))
     return found
 
@@ -282,7 +287,7 @@ def test_loops_and_floods_are_cut_off(lab):
     for stem in ATTACKED:
         for name, body in attacks.LIMITS.items():
             lab.attack(f"limits/{name}", stem, body)
-    before = set(_leftovers(lab.base))
+    before = set(_leftovers(lab.tmp))
     t0 = time.monotonic()
     results, out = lab.grade("limits", "-j", "2", "--cell-timeout", "4")
     seconds = time.monotonic() - t0
@@ -296,7 +301,7 @@ def test_loops_and_floods_are_cut_off(lab):
     n_probes = sum(len(TARGETS[s]) for s in ATTACKED)
     assert seconds < 30 + 4 * n_probes, out[-2000:]
     time.sleep(0.5)
-    assert set(_leftovers(lab.base)) - before == set()
+    assert set(_leftovers(lab.tmp)) - before == set()
 
 
 # ---------------------------------------------------------------------------------------------- the kernel is fooled
