@@ -6,6 +6,12 @@ function body the attack runs when the probe calls it; at module level when the 
 as the instructor would run it (`python -m course_utils.grade`), on copies: the package (first on PYTHONPATH),
 the masters, the fixture's checks module and a home folder live in a temporary folder, so an attack that
 got through would change only copies, and the tests see it.
+
+On a GPU machine only the tampering runs (attacks on later submissions, then honest ones) grade with the GPUs;
+the other runs hide them (CUDA_VISIBLE_DEVICES=""), as on a CPU machine. The attacks aim at the verdict path,
+which is the same with or without a GPU; a GPU check's own defences (inputs built afresh, only the check's spans
+counted) are tested by the lessons' wrong answers on the GPU. Graded with the GPUs, this file's hundred-odd
+submissions would each wait their turn on a GPU (the grader times one check per GPU at a time).
 """
 
 from __future__ import annotations
@@ -129,14 +135,18 @@ class Lab:
         answers = attacks.attack_answers(m, indents(m), TARGETS[stem], body, self.targets())
         self.write(folder, stem, release.substitute(m.nb, answers, stem))
 
-    def grade(self, folder: str, *args: str, env: dict | None = None, timeout: float = 900):
-        """Run the grader on base/folder; returns ({(submission folder, stem): {grade_id: (status, msg)}}, out)."""
+    def grade(self, folder: str, *args: str, env: dict | None = None, timeout: float = 900, gpus: bool = False):
+        """Run the grader on base/folder; returns ({(submission folder, stem): {grade_id: (status, msg)}}, out).
+        gpus=False hides the machine's GPUs from it (module docstring)."""
         # The copied package comes first; what the environment had (the GPU machines' packages) after it.
         path = os.pathsep.join([str(self.pkg)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
         environment = {**os.environ, "PYTHONPATH": path, "HOME": str(self.home),
                        "MPLCONFIGDIR": str(self.base / "mpl"),
                        "TMPDIR": str(self.tmp), gpu_lock.LOCK_DIR_ENV: str(gpu_lock.lock_dir()), **(env or {})}
         environment.pop("COURSE_CHECKS_MODULES", None)
+        if not gpus:
+            environment["CUDA_VISIBLE_DEVICES"] = ""
+            environment.pop("COURSE_REQUIRE_GPU", None)
         xml = self.base / f"{folder}.xml"
         cmd = [sys.executable, "-m", "course_utils.grade", folder, "--master-dir", str(self.masters),
                "--checks-module", str(self.checks_module), "--junit", str(xml), *args]
@@ -159,8 +169,9 @@ def lab(tmp_path_factory):
     return Lab(tmp_path_factory.mktemp("attack_lab"))
 
 
-def honest_statuses() -> set[str]:
-    return {"passed"} if checks.require_gpu_mode() else {"passed", "skipped"}
+def honest_statuses(gpus: bool = False) -> set[str]:
+    """What an honest answer may score in a run with (gpus=True) or without the machine's GPUs."""
+    return {"passed"} if gpus and checks.require_gpu_mode() else {"passed", "skipped"}
 
 
 def assert_zero(results, folder: str, stem: str) -> None:
@@ -217,13 +228,14 @@ def tampered(lab):
     for stem in ATTACKED:
         m = PARSED[stem]
         lab.write("tamper/z_pass", stem, release.substitute(m.nb, {gid: "pass" for gid in TARGETS[stem]}, stem))
-    first = lab.grade("tamper", "-j", "1")
+    first = lab.grade("tamper", "-j", "1", gpus=True)
     files_after_first = lab.files()
     for stem in ATTACKED:
         m = PARSED[stem]
         lab.write("later/z_pass", stem, release.substitute(m.nb, {gid: "pass" for gid in TARGETS[stem]}, stem))
         lab.write("later/honest", stem, m.nb)
-    later = lab.grade("later", "-j", "2")  # a fresh grader run: it reads the masters and imports the checks again
+    # a fresh grader run: it reads the masters and imports the checks again
+    later = lab.grade("later", "-j", "2", gpus=True)
     return first, files_after_first, later
 
 
@@ -239,7 +251,7 @@ def test_a_pass_graded_after_tampering_earns_nothing(tampered, stem):
     assert_zero(results, "z_pass", stem)
     assert_zero(later, "z_pass", stem)
     for gid in TARGETS[stem]:
-        assert later["honest", stem][gid][0] in honest_statuses(), out[-3000:]
+        assert later["honest", stem][gid][0] in honest_statuses(gpus=True), out[-3000:]
 
 
 def test_tampering_changed_no_file(tampered, lab):
