@@ -41,11 +41,11 @@ CUDA_ALL_REDUCE = cell_function("""
 """, "cuda_all_reduce")
 
 
-@pytest.fixture(scope="module", autouse=True)
+@pytest.fixture(autouse=True)
 def cuda_before():
-    """This worker's CUDA state before this file's tests (a file run earlier in the same worker may have
-    initialised it; the fresh-interpreter tests below prove the launcher never does)."""
-    CUDA_BEFORE.append(cuda_initialised())
+    """This worker's CUDA state before each test (a test run earlier in the same worker may have initialised
+    it; the fresh-interpreter tests below prove the launcher never does)."""
+    CUDA_BEFORE[:] = [cuda_initialised()]
     yield
     CUDA_BEFORE.clear()
 
