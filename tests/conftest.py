@@ -108,25 +108,29 @@ def pytest_sessionfinish(session, exitstatus):
         except psutil.Error:
             return False
 
-    def described(p) -> tuple:
-        try:
-            return p.pid, p.name(), " ".join(p.cmdline())[:200]
-        except psutil.Error:
-            return p.pid, "?", "(gone)"
-
     deadline = time.monotonic() + 5  # a process on its way out gets a moment
     strays = _strays()
     while strays and time.monotonic() < deadline:
         time.sleep(0.2)
         strays = [p for p in strays if alive(p)]
     if strays:
-        names = [described(p) for p in strays]
+        names = [_described(p) for p in strays]
         os.write(2, f"\n[conftest] processes left running by the tests, now killed: {names}\n".encode())
         for p in strays:
             try:
                 p.kill()
             except psutil.Error:
                 pass
+
+
+def _described(p) -> tuple:
+    """(pid, name, command line) of a psutil.Process, for a report; one that is gone says so."""
+    import psutil
+
+    try:
+        return p.pid, p.name(), " ".join(p.cmdline())[:200]
+    except psutil.Error:
+        return p.pid, "?", "(gone)"
 
 
 WORKER_EXIT_GRACE_S = float(os.environ.get("COURSE_WORKER_EXIT_GRACE_S", "90"))
@@ -150,11 +154,14 @@ def pytest_unconfigure(config):
         lines = [f"[conftest] xdist worker {config.workerinput.get('workerid')} (pid {me.pid}) still alive "
                  f"{WORKER_EXIT_GRACE_S:g} s after its session ended; threads: "
                  f"{[t.name for t in threading.enumerate()]}; children: "
-                 f"{[(c.pid, c.name(), ' '.join(c.cmdline())[:200]) for c in me.children(recursive=True)]}"]
+                 f"{[_described(c) for c in me.children(recursive=True)]}"]
         os.write(2, ("\n".join(lines) + "\n").encode())
         faulthandler.dump_traceback(file=2, all_threads=True)
         for c in me.children(recursive=True):
-            c.kill()
+            try:
+                c.kill()
+            except psutil.Error:  # gone meanwhile
+                pass
         os._exit(3)
 
     threading.Thread(target=watchdog, name="conftest-exit-watchdog", daemon=True).start()
