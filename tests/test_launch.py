@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from course_utils import launch
-from course_utils.launch import WorkerError, WorkerTimeout, group, options
+from course_utils.launch import WorkerError, WorkerTimeout, errors, group, options
 from tests.launch_helpers import (
     ALL_REDUCE,
     FAILS_ON_RANK_1,
@@ -166,6 +166,21 @@ def test_a_crash_stops_the_others_and_reports_the_first_traceback():
         assert err.others[rank].startswith(("stopped waiting", "was still running")), err.others[rank]
     assert "GLHF" not in str(err) and "typically caused" not in str(err)
     assert_clean(before)
+
+
+def test_the_first_failure_is_the_cause_not_a_lost_connection_stamped_earlier():
+    """A timed-out gloo rank closes its connections; on a busy machine the other rank can catch "Connection closed
+    by peer ... GLHF!" and stamp it before the timed-out rank stamps its own error (seen in lesson 10's matrix)."""
+    closed = {"type": "RuntimeError", "time": 10.0,
+              "message": "[pair.cc:553] Connection closed by peer [127.0.0.1]:2481. This is typically caused by a "
+                         "remote worker crashing. Check the logs of the remote worker before reporting an error. GLHF!"}
+    timed_out = {"type": "RuntimeError", "time": 10.2, "message": "[pair.cc:446] Timed out waiting 2000ms for recv"}
+    silent = {"type": "WorkerExited", "silent": True, "time": 0.0, "message": "rank 2 exited with code 3"}
+    assert errors.first_failure({0: closed, 1: timed_out}) == 1
+    assert errors.first_failure({0: closed, 1: timed_out, 2: silent}) == 2
+    assert errors.first_failure({0: closed, 1: dict(closed, time=9.0)}) == 1  # only lost connections: the earliest
+    assert errors.first_failure({0: timed_out, 1: dict(timed_out, time=9.0)}) == 1
+    assert errors.describe_other(closed, 1).startswith("stopped waiting: its connection closed when rank 1 failed")
 
 
 @pytest.mark.timeout(60)

@@ -91,6 +91,20 @@ def first_line(text: str) -> str:
     return (text or "").strip().splitlines()[0] if (text or "").strip() else ""
 
 
+def is_consequence(info: dict) -> bool:
+    """Whether a rank's error says only that a peer went away (its connection closed under it)."""
+    return bool(_PEER_LOST.search(first_line(info.get("message", ""))))
+
+
+def first_failure(failures: dict[int, dict]) -> int:
+    """The rank whose failure came first: one that died silently (usually the cause), else one whose error is
+    more than a lost connection (a peer's timeout closes the connection, and on a busy machine the rank that
+    sees it can stamp its error before the timed-out one does), else the earliest (workers stamp the time
+    they caught their error)."""
+    return min(failures, key=lambda k: (not failures[k].get("silent"), is_consequence(failures[k]),
+                                        failures[k].get("time", 0.0), k))
+
+
 def describe_other(info: dict, first: int) -> str:
     """One line about a rank that also failed once rank `first` had: plainly a consequence when its
     connection to the failed rank closed under it (gloo's 'Connection reset by peer ... GLHF!' says no more)."""

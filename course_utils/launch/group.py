@@ -20,7 +20,7 @@ from typing import Any
 
 from . import procs, stacks
 from .env import group_environment, rank_environment
-from .errors import LaunchError, WorkerError, WorkerTimeout, describe_other, signal_name
+from .errors import LaunchError, WorkerError, WorkerTimeout, describe_other, first_failure, signal_name
 from .output import RankOutput, flush
 from .pickling import loads_on_cpu
 from .transport import FrameReader, Outbox, encode, widen_pipe
@@ -286,9 +286,7 @@ class Group:
         return {rank: text.decode("utf-8", "replace") for rank, text in texts.items()}
 
     def _worker_error(self, failures: dict[int, dict], results: dict[int, Any], running: set[int]) -> WorkerError:
-        # A process that died silently is usually the cause, and the others' errors its consequences;
-        # otherwise the earliest error (workers stamp the time they caught it) came first.
-        first = min(failures, key=lambda k: (not failures[k].get("silent"), failures[k].get("time", 0.0), k))
+        first = first_failure(failures)
         info = failures[first]
         others = {}
         for r in self.ranks:
