@@ -269,3 +269,53 @@ def test_gpu_pool_hands_out_whole_gpus(tmp_path, monkeypatch):
     pool.give(a)
     waiter.join(5)
     assert len(got[0].split(",")) == 2 and set(got[0].split(",")) <= {"0", "1", "2"}
+
+
+def test_inputs_once_are_built_once_per_run_and_each_submission_gets_its_own_copy(monkeypatch, tmp_path):
+    """An exercise whose inputs cost real runs (lesson 10's fault reports) declares inputs_once: 6 submissions
+    graded with -j 4 cause one inputs() call, every probe gets equal inputs, and what one judge does to its copy
+    reaches no other. An exercise without the flag gets fresh inputs per submission."""
+    import dataclasses
+
+    from course_utils import checks
+    from course_utils.grading.probe import ProbeOutcome
+
+    real_exercise = checks.exercise
+    calls, received = {"ex99_add": 0, "ex99_mean": 0}, []
+
+    def counted(ex):
+        def inputs():
+            calls[ex.grade_id] += 1
+            time.sleep(0.1)  # long enough for the other jobs to ask meanwhile
+            return ex.inputs()
+        return inputs
+
+    def judge_that_spoils(inputs, data):
+        received.append(repr(inputs["pairs"]))
+        inputs["pairs"].clear()  # a judge that changes its inputs must not change the next submission's
+        return "ok"
+
+    def exercise(grade_id):
+        ex = real_exercise(grade_id)
+        if grade_id == "ex99_add":
+            return dataclasses.replace(ex, inputs=counted(ex), judge=judge_that_spoils, inputs_once=True)
+        if grade_id == "ex99_mean":
+            return dataclasses.replace(ex, inputs=counted(ex))
+        return ex
+
+    def fake_probe(server, program, grade_id, inputs, **_):
+        return ProbeOutcome("ok", data=_honest_data(grade_id, checks.from_bytes(inputs)))
+
+    monkeypatch.setattr(checks, "exercise", exercise)
+    monkeypatch.setattr(grader_module, "run_probe", fake_probe)
+    items = []
+    for i in range(6):
+        path = tmp_path / f"s{i}_99_fixture.ipynb"
+        path.write_text(MASTER.read_text())
+        items.append((path, MASTER))
+    options = grading.Options(jobs=4, gpus=(), checks_modules=(str(MASTER.parent / "fixture_checks.py"),))
+    with grading.Grader(options) as g:
+        grades = list(g.grade_all(items))
+    assert all(gr.by_id()["ex99_add"].status == "passed" for gr in grades)
+    assert calls == {"ex99_add": 1, "ex99_mean": 6}
+    assert len(received) == 6 and len(set(received)) == 1 and received[0] != "[]"

@@ -67,6 +67,10 @@ class Exercise:
     needs_gpu: bool = False
     cpu_part: bool = False  # a GPU exercise whose probe also checks something on CPU (inputs["gpu"] False)
     timeout_s: float = 120.0  # for the probe, in the grader
+    # inputs() that cost real runs (lesson 10's fault reports): the grader builds them once per grading run and
+    # gives every submission the same ones (still made afresh for each run, never seen by the student's code
+    # before its probe)
+    inputs_once: bool = False
 
 
 _REGISTRY: dict[str, Exercise] = {}

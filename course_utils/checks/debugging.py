@@ -200,8 +200,9 @@ def diagnose_judge(inputs: dict, data: dict) -> str:
     return f"{len(truth)} fresh faulty runs diagnosed: {', '.join(t[1] for t in truth)}"
 
 
+# inputs_once: the fault reports cost a dozen or so rank processes; a grading run makes them once for the class.
 register(Exercise(EX_DIAG, entry="diagnose", probe=diagnose_probe, judge=diagnose_judge, inputs=diagnose_inputs,
-                  timeout_s=20.0))
+                  timeout_s=20.0, inputs_once=True))
 
 # ------------------------------------------------------------------------- ex10_fix_uneven, ex10_fix_skip
 

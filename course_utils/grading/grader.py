@@ -9,6 +9,7 @@ See grade.py (the command) for the rules and the README's instructor section for
 
 from __future__ import annotations
 
+import copy
 import os
 import re
 import sys
@@ -142,6 +143,8 @@ class Grader:
             self._guard_lock = threading.Lock()
             self._checks_lock = threading.Lock()
             self._checks_loaded = False
+            self._inputs_lock = threading.Lock()
+            self._shared_inputs: dict[tuple[str, bool], dict] = {}  # (grade_id, gpu) -> inputs of an inputs_once check
         except BaseException:
             self.server.close()
             raise
@@ -307,7 +310,7 @@ class Grader:
             return self._skip(ex.grade_id, "needs a GPU; not graded on this machine" if n_gpus == 1 else
                               f"needs {n_gpus} GPUs; this machine has {self.n_gpus}")
         try:
-            inputs = checks.plain({**check.inputs(), "gpu": gpu_needed})
+            inputs = self._inputs(check, gpu_needed)
         except Exception as e:
             return FAILED, f"the check's inputs() failed ({type(e).__name__}: {e})"
         self.server.wait_ready()  # (the first probe waits for the server to load; that is not the student's time)
@@ -341,6 +344,19 @@ class Grader:
         if check.needs_gpu and not gpu_needed:
             return self._skip(ex.grade_id, f"needs a GPU ({checks.CPU_PART_PASSED})")
         return PASSED, detail if isinstance(detail, str) else ""
+
+    def _inputs(self, check, gpu: bool) -> dict:
+        """The check's inputs for one submission; an inputs_once check's are built once per run (under a lock, so
+        -j N builds them once too) and each submission gets its own copy."""
+        from course_utils import checks
+
+        if not check.inputs_once:
+            return checks.plain({**check.inputs(), "gpu": gpu})
+        key = (check.grade_id, gpu)
+        with self._inputs_lock:
+            if key not in self._shared_inputs:
+                self._shared_inputs[key] = checks.plain({**check.inputs(), "gpu": gpu})
+            return copy.deepcopy(self._shared_inputs[key])
 
     def _skip(self, grade_id: str, message: str) -> tuple[str, str]:
         from course_utils import checks
