@@ -147,6 +147,24 @@ def test_halo_inputs_test_what_world_size_two_would_hide():
         assert all(len(b) >= c["width"] for b in c["blocks"]) and any(len(b) >= 2 * c["width"] + 1 for b in c["blocks"])
 
 
+def test_the_halo_probe_stops_after_the_first_run_the_judge_fails():
+    """A wrong answer costs one run's ranks (3), not both runs' (3 + 5); the judge fails it as on both runs."""
+    ex = checks.exercise(p2p.EX_HALO)
+    inputs = checks.plain(ex.inputs())
+    good = _good_halo_data(inputs)["cases"]
+    assert all(p2p._judged_right(c, g) for c, g in zip(inputs["cases"], good, strict=True))
+
+    def halos_of_zeros(block, width):
+        import torch
+
+        return torch.zeros(width), torch.zeros(width)
+
+    data = ex.probe(halos_of_zeros, inputs)
+    assert len(data["cases"]) == 1 and data["cases"][0]["status"] == "ok", data
+    with pytest.raises(CheckFailed, match="on 3 ranks"):
+        ex.judge(inputs, data)
+
+
 def test_halo_judge_on_plain_data():
     ex = checks.exercise(p2p.EX_HALO)
     inputs = ex.inputs()

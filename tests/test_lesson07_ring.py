@@ -278,6 +278,24 @@ def test_ring_judge_fails_a_hang_and_an_error_after_judging_what_finished():
         c07.ring_judge(inputs, data)
 
 
+def test_the_probe_stops_after_the_first_world_the_judge_fails():
+    """A wrong answer costs one world's ranks, not every world's (the grader grades a class; its attack tests grade
+    hundreds of wrong answers); the judge's verdict and message are those it gives on every world's results."""
+    inputs = ring_inputs()
+    good = good_data(inputs)["worlds"]
+    assert all(c07._judged_right(w["world_size"], inputs["worlds"][i]["cases"], w["cases"]) for i, w in enumerate(good))
+    bad = _spoil(inputs, 0, 1, 1, result=inputs["worlds"][0]["cases"][1]["values"][1].clone())["worlds"][0]
+    assert not c07._judged_right(2, inputs["worlds"][0]["cases"], bad["cases"])
+
+    def keeps_its_own_tensor(tensor):
+        return None
+
+    data = c07.ring_probe(keeps_its_own_tensor, inputs)
+    assert [w["world_size"] for w in data["worlds"]] == [2] and data["worlds"][0]["outcome"] == "ok"
+    with pytest.raises(checks.CheckFailed, match=r"element-wise sum .* world size 2"):
+        c07.ring_judge(inputs, data)
+
+
 def test_ring_judge_refuses_missing_runs_and_junk():
     inputs = ring_inputs()
     data = good_data(inputs)

@@ -338,9 +338,18 @@ def _halo_probe(answer: Callable, inputs: dict) -> dict:
             out.append({"status": "timeout", "message": str(err)[-3000:]})
         except launch.WorkerError as err:
             out.append({"status": "error", "message": str(err)[-3000:]})
-        if out[-1]["status"] != "ok":
+        if out[-1]["status"] != "ok" or not _judged_right(case, out[-1]):
             break  # the judge reports the first failure; the next world size would only cost time
     return {"cases": out}
+
+
+def _judged_right(case: dict, res: dict) -> bool:
+    """Whether the judge will pass this run (computed here only to stop early: the grader judges afresh)."""
+    try:
+        _halo_case_verdict(case, res)
+    except Exception:
+        return False
+    return True
 
 
 _HANG_WORDS = ("Timed out", "timed out", "Connection closed", "Connection reset")
@@ -383,30 +392,35 @@ def _halo_judge(inputs: dict, data: dict) -> str:
     results = data.get("cases")
     expect(type(results) is list and 1 <= len(results) <= len(cases), EX_HALO, f"{len(cases)} runs", results)
     for case, res in zip(cases, results, strict=False):
-        world, width, blocks = case["world"], case["width"], case["blocks"]
-        expect(type(res) is dict, EX_HALO, "a result per run", res)
-        if res.get("status") != "ok":
-            _halo_failure(world, res)
-        ranks = res.get("ranks")
-        expect(type(ranks) is list and len(ranks) == world, EX_HALO, f"{world} ranks' results", ranks)
-        for r, got in enumerate(ranks):
-            where = f"on {world} ranks, width {width}, rank {r}"
-            expect(type(got) is dict and got.get("left") is not None and got.get("right") is not None, EX_HALO,
-                   f"{where}: halo_exchange to return (left, right), two 1-D tensors",
-                   ", ".join(got.get("types", [])) if type(got) is dict else got)
-            # First: an answer that receives into its own block also garbles its halos when the two ends overlap,
-            # in an order that depends on which message lands first; the block is the cause to report.
-            expect(got.get("block_unchanged") is True, EX_HALO, f"{where}: the rank's own block left as it was",
-                   "it was changed", hint="receive into new tensors, not into the block you are sending from")
-            for side, want in (("left", blocks[(r - 1) % world][-width:]), ("right", blocks[(r + 1) % world][:width])):
-                have = got[side]
-                expect(type(have) is list and len(have) == width, EX_HALO,
-                       f"{where}: the {side} halo to hold {width} values", have)
-                expect(all(math.isfinite(v) for v in have) and have == want, EX_HALO,
-                       f"{where}: {side} halo {want}", have, hint=_halo_hint(blocks, r, width, side, have))
+        _halo_case_verdict(case, res)
     expect(len(results) == len(cases), EX_HALO, f"{len(cases)} runs", len(results))
     sizes = " and ".join(str(c["world"]) for c in cases)
     return f"halos right on {sizes} ranks, without deadlock"
+
+
+def _halo_case_verdict(case: dict, res: Any) -> None:
+    """The judge on one run: raises CheckFailed at its first fault."""
+    world, width, blocks = case["world"], case["width"], case["blocks"]
+    expect(type(res) is dict, EX_HALO, "a result per run", res)
+    if res.get("status") != "ok":
+        _halo_failure(world, res)
+    ranks = res.get("ranks")
+    expect(type(ranks) is list and len(ranks) == world, EX_HALO, f"{world} ranks' results", ranks)
+    for r, got in enumerate(ranks):
+        where = f"on {world} ranks, width {width}, rank {r}"
+        expect(type(got) is dict and got.get("left") is not None and got.get("right") is not None, EX_HALO,
+               f"{where}: halo_exchange to return (left, right), two 1-D tensors",
+               ", ".join(got.get("types", [])) if type(got) is dict else got)
+        # First: an answer that receives into its own block also garbles its halos when the two ends overlap,
+        # in an order that depends on which message lands first; the block is the cause to report.
+        expect(got.get("block_unchanged") is True, EX_HALO, f"{where}: the rank's own block left as it was",
+               "it was changed", hint="receive into new tensors, not into the block you are sending from")
+        for side, want in (("left", blocks[(r - 1) % world][-width:]), ("right", blocks[(r + 1) % world][:width])):
+            have = got[side]
+            expect(type(have) is list and len(have) == width, EX_HALO,
+                   f"{where}: the {side} halo to hold {width} values", have)
+            expect(all(math.isfinite(v) for v in have) and have == want, EX_HALO,
+                   f"{where}: {side} halo {want}", have, hint=_halo_hint(blocks, r, width, side, have))
 
 
 register(Exercise(EX_HALO, entry="halo_exchange", probe=_halo_probe, judge=_halo_judge, inputs=_halo_inputs,

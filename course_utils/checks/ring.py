@@ -378,9 +378,19 @@ def ring_probe(answer: Any, inputs: dict) -> dict:
         if record["outcome"] != "ok":
             record["message"] += _tail(output.getvalue())
         worlds.append(record)
-        if record["outcome"] != "ok":
-            break
+        if record["outcome"] != "ok" or not _judged_right(n, world["cases"], record["cases"]):
+            break  # the judge reports this world's fault first; a larger world would only cost time
     return {"worlds": worlds}
+
+
+def _judged_right(n: int, cases: list[dict], done: list) -> bool:
+    """Whether the judge will pass these results (computed here only to stop early: the grader judges afresh)."""
+    try:
+        for case, ranks in zip(cases, done, strict=True):
+            _case_verdict(n, case, ranks)
+    except Exception:
+        return False
+    return True
 
 
 def _values_verdict(n: int, case: dict, ranks: list[dict]) -> None:
