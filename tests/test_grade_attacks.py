@@ -84,6 +84,13 @@ def indents(master: assemble.Master) -> dict[str, list[str]]:
 PARSED = {m.stem: assemble.read_master(m) for m in MASTERS}
 TARGETS = {stem: registered(m) for stem, m in PARSED.items()}
 ATTACKED = [stem for stem, t in TARGETS.items() if t]
+# One lesson per kind of probe: the fixture's plain functions, a GPU lesson (its GPU check on a GPU machine), ranks
+# started per case (launch.run), a pool of ranks per world size (launch.Pool), and loops on ranks beside inputs
+# made of rank runs. For what acts on every exercise alike (the grader's limits on loops and floods; tampering with
+# the masters, the package or the profile, which touches every lesson's files and is caught file by file too) these
+# stand for all; each lesson more cost CI about a minute.
+REPRESENTATIVE = [s for s in ("99_fixture", "01_host_and_device", "05_ranks_and_point_to_point",
+                              "07_ring_allreduce", "10_debugging_distributed") if s in ATTACKED]
 PARAMS = [pytest.param(stem, marks=[] if TARGETS[stem] else pytest.mark.skip(
     reason=f"{stem}: no exercise with a registered check yet (its lesson still uses old-style check cells)"))
     for stem, m in PARSED.items() if m.exercises]
@@ -225,12 +232,12 @@ def tampered(lab):
     """One run, one job: attacks on the masters, the package and the IPython profile, then `pass` answers."""
     for name, body in attacks.TAMPER.items():
         lab.attack(f"tamper/a_{name}", "99_fixture", body)
-    for stem in ATTACKED:
+    for stem in REPRESENTATIVE:
         m = PARSED[stem]
         lab.write("tamper/z_pass", stem, release.substitute(m.nb, {gid: "pass" for gid in TARGETS[stem]}, stem))
     first = lab.grade("tamper", "-j", "1", gpus=True)
     files_after_first = lab.files()
-    for stem in ATTACKED:
+    for stem in REPRESENTATIVE:
         m = PARSED[stem]
         lab.write("later/z_pass", stem, release.substitute(m.nb, {gid: "pass" for gid in TARGETS[stem]}, stem))
         lab.write("later/honest", stem, m.nb)
@@ -245,7 +252,7 @@ def test_tampering_attacks_earn_nothing(tampered):
         assert_zero(results, f"a_{name}", "99_fixture")
 
 
-@pytest.mark.parametrize("stem", PARAMS)
+@pytest.mark.parametrize("stem", REPRESENTATIVE)
 def test_a_pass_graded_after_tampering_earns_nothing(tampered, stem):
     (results, _), _, (later, out) = tampered
     assert_zero(results, "z_pass", stem)
@@ -295,30 +302,23 @@ def _leftovers(tmp: Path) -> list[int]:
     return found
 
 
-# One lesson per kind of probe: the fixture's plain functions, a GPU lesson's CPU part, ranks started per case
-# (launch.run), a pool of ranks per world size (launch.Pool), and loops on ranks beside inputs made of rank runs.
-# A loop or a flood is stopped by the grader's limits, whatever the exercise; each lesson more cost CI a minute.
-LIMITED = [s for s in ("99_fixture", "01_host_and_device", "05_ranks_and_point_to_point", "07_ring_allreduce",
-                       "10_debugging_distributed") if s in ATTACKED]
-
-
 def test_loops_and_floods_are_cut_off(lab):
-    assert len(LIMITED) == 5, LIMITED
-    for stem in LIMITED:
+    assert len(REPRESENTATIVE) == 5, REPRESENTATIVE
+    for stem in REPRESENTATIVE:
         for name, body in attacks.LIMITS.items():
             lab.attack(f"limits/{name}", stem, body)
     before = set(_leftovers(lab.tmp))
     t0 = time.monotonic()
     results, out = lab.grade("limits", "-j", "2", "--cell-timeout", "4")
     seconds = time.monotonic() - t0
-    for stem in LIMITED:
+    for stem in REPRESENTATIVE:
         for name in attacks.LIMITS:
             assert_zero(results, name, stem)
         for gid in TARGETS[stem]:
             status, message = results["infinite_loop", stem][gid]
             if status == "failed":
                 assert "time limit of 4 s" in message, message
-    n_probes = sum(len(TARGETS[s]) for s in LIMITED)
+    n_probes = sum(len(TARGETS[s]) for s in REPRESENTATIVE)
     assert seconds < 30 + 4 * n_probes, out[-2000:]
     time.sleep(0.5)
     assert set(_leftovers(lab.tmp)) - before == set()
