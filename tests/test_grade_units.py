@@ -124,6 +124,18 @@ def _honest_data(grade_id: str, inputs: dict) -> dict:
     return {"tensor": True, "device": "cuda", "values": [v * inputs["k"] for v in inputs["values"]]}
 
 
+def _grade_six_copies_of_the_master(tmp_path: Path, gpus: tuple[str, ...]) -> list:
+    """Six copies of the fixture master graded with -j 4 on `gpus` (with whatever run_probe is patched in)."""
+    items = []
+    for i in range(6):
+        path = tmp_path / f"s{i}_99_fixture.ipynb"
+        path.write_text(MASTER.read_text())
+        items.append((path, MASTER))
+    options = grading.Options(jobs=4, gpus=gpus, checks_modules=(str(MASTER.parent / "fixture_checks.py"),))
+    with grading.Grader(options) as g:
+        return list(g.grade_all(items))
+
+
 def test_gpu_exercises_get_one_gpu_each_and_queue(monkeypatch, tmp_path):
     """6 submissions, 2 GPUs, -j 4: never two GPU probes on one GPU at once, both GPUs used, every GPU probe
     pinned to one GPU with inputs["gpu"] True; CPU exercises get no GPU at all."""
@@ -150,14 +162,7 @@ def test_gpu_exercises_get_one_gpu_each_and_queue(monkeypatch, tmp_path):
         return ProbeOutcome("ok", data=_honest_data(grade_id, inputs))
 
     monkeypatch.setattr(grader_module, "run_probe", fake_probe)
-    items = []
-    for i in range(6):
-        path = tmp_path / f"s{i}_99_fixture.ipynb"
-        path.write_text(MASTER.read_text())
-        items.append((path, MASTER))
-    options = grading.Options(jobs=4, gpus=("0", "1"), checks_modules=(str(MASTER.parent / "fixture_checks.py"),))
-    with grading.Grader(options) as g:
-        grades = list(g.grade_all(items))
+    grades = _grade_six_copies_of_the_master(tmp_path, gpus=("0", "1"))
     assert all(gr.total == 8 for gr in grades), [grade.format_table(gr) for gr in grades]
     assert overlap == [] and sorted(set(seen)) == ["0", "1"] and len(seen) == 12
     assert set(cpu_seen) == {("", False)}
@@ -308,14 +313,7 @@ def test_inputs_once_are_built_once_per_run_and_each_submission_gets_its_own_cop
 
     monkeypatch.setattr(checks, "exercise", exercise)
     monkeypatch.setattr(grader_module, "run_probe", fake_probe)
-    items = []
-    for i in range(6):
-        path = tmp_path / f"s{i}_99_fixture.ipynb"
-        path.write_text(MASTER.read_text())
-        items.append((path, MASTER))
-    options = grading.Options(jobs=4, gpus=(), checks_modules=(str(MASTER.parent / "fixture_checks.py"),))
-    with grading.Grader(options) as g:
-        grades = list(g.grade_all(items))
+    grades = _grade_six_copies_of_the_master(tmp_path, gpus=())
     assert all(gr.by_id()["ex99_add"].status == "passed" for gr in grades)
     assert calls == {"ex99_add": 1, "ex99_mean": 6}
     assert len(received) == 6 and len(set(received)) == 1 and received[0] != "[]"
