@@ -109,6 +109,16 @@ def gpu_available() -> bool:
     return torch.cuda.is_available()
 
 
+def passes(verdict: Callable[..., Any], *args: Any) -> bool:
+    """Whether a judge's `verdict(*args)` passes. A probe may ask, only to stop early once a run will fail (the
+    grader judges the data afresh, so a probe misled into stopping or going on costs the student only)."""
+    try:
+        verdict(*args)
+    except Exception:
+        return False
+    return True
+
+
 def expect(ok: bool, exercise: str, expected: str, seen: Any, hint: str = "") -> None:
     """Raise CheckFailed unless `ok` is exactly True, with a message a student can act on."""
     if type(ok) is not bool:  # a judge compares plain data; a tensor or numpy bool means a bug in the judge

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from . import Exercise, expect, register
+from . import Exercise, expect, passes, register
 
 EX_STUCK = "ex05_stuck_ranks"
 EX_HALO = "ex05_halo_exchange"
@@ -344,12 +344,8 @@ def _halo_probe(answer: Callable, inputs: dict) -> dict:
 
 
 def _judged_right(case: dict, res: dict) -> bool:
-    """Whether the judge will pass this run (computed here only to stop early: the grader judges afresh)."""
-    try:
-        _halo_case_verdict(case, res)
-    except Exception:
-        return False
-    return True
+    """Whether the judge will pass this run (asked only to stop early)."""
+    return passes(_halo_case_verdict, case, res)
 
 
 _HANG_WORDS = ("Timed out", "timed out", "Connection closed", "Connection reset")
