@@ -220,9 +220,13 @@ def test_an_nccl_hang_shows_where_each_rank_waits():
         import torch.distributed as dist
 
         def nccl_stuck():
+            t = torch.ones(1, device="cuda")
+            # Both ranks join a first all-reduce: it creates the communicator, and creating it blocks the host
+            # until every rank arrives (seen on 2xH200, torch 2.11: rank 0 waited inside dist.all_reduce).
+            dist.all_reduce(t)
+            torch.cuda.synchronize()
             if dist.get_rank() == 0:
-                t = torch.ones(1, device="cuda")
-                dist.all_reduce(t)
+                dist.all_reduce(t)  # only queued on the GPU: the host goes on
                 torch.cuda.synchronize()  # rank 1 never joins: the host waits here
             else:
                 time.sleep(300)
