@@ -98,6 +98,12 @@ def setup(args: argparse.Namespace) -> torch.device:
         sys.exit("--sync-bn needs GPUs: torch's SyncBatchNorm runs on CUDA only")
     if args.comm_hook == "bf16" and not use_cuda:
         sys.exit("--comm-hook bf16 needs NCCL (GPUs); on the CPU use --comm-hook fp16")
+    if args.comm_hook == "powersgd" and not use_cuda and torch.cuda.is_available():
+        # torch's powerSGD_hook (decompress) calls torch.cuda.synchronize(device) whenever CUDA is available,
+        # and that raises for a CPU device: gloo training with PowerSGD works only where no GPU is visible.
+        sys.exit("--comm-hook powersgd with --cpu on a machine with GPUs fails inside torch (its PowerSGD hook "
+                 "calls torch.cuda.synchronize on the CPU device): train on the GPUs (drop --cpu), or hide them "
+                 "with CUDA_VISIBLE_DEVICES= torchrun ...")
     backend = "nccl" if use_cuda else "gloo"
     timeout = timedelta(seconds=args.timeout)
     if "RANK" in os.environ:  # started by torchrun (or srun with torchrun's variables)

@@ -112,12 +112,19 @@ def test_two_nodes_resume_the_checkpoint(trained):
 
 def test_no_set_epoch_repeats_the_order_and_powersgd_sends_less():
     code, out = torchrun("--epochs", "2", "--no-set-epoch", "--comm-hook", "powersgd", "--powersgd-start", "2",
-                         "--powersgd-rank", "1", *SMALL)
+                         "--powersgd-rank", "1", *SMALL, CUDA_VISIBLE_DEVICES="")  # PowerSGD on CPU: no GPU visible
     assert code == 0, out
     e0, e1 = result(out)["epochs"]
     assert e0["first_indices"] == e1["first_indices"]  # the bug: the same order every epoch
     grad_bytes = result(out)["grad_bytes"]
     assert e1["bytes_per_step"] < grad_bytes / 4  # P and Q (plus the biases), all steps compressed by epoch 1
+
+
+@pytest.mark.gpu
+def test_powersgd_on_the_cpu_where_gpus_are_visible_says_how_to_run_it():
+    code, out = torchrun("--epochs", "1", "--comm-hook", "powersgd", *SMALL)
+    assert code not in (0, None), out
+    assert "CUDA_VISIBLE_DEVICES=" in out and "drop --cpu" in out, out
 
 
 def test_unused_layer_fails_naming_it_with_debug_info_and_trains_when_asked_to_find_it():
