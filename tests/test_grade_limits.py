@@ -60,7 +60,9 @@ def test_infinite_loop_is_cut_off_and_the_rest_still_graded(grader, tmp_path):
     g = grader.grade(path, MASTER)
     got = g.by_id()
     assert got["ex99_add"].status == "failed" and f"time limit of {CELL_TIMEOUT} s" in got["ex99_add"].message
-    assert got["ex99_mean"].status == "passed" and g.total == 3
+    # every other exercise earns its points: 3 on a CPU machine (ex99_gpu is skipped there), more on a GPU box
+    assert got["ex99_mean"].status == "passed" and g.total == g.max_points - got["ex99_add"].points - g.skipped_points
+    assert g.total >= 3
     assert time.monotonic() - t0 < CELL_TIMEOUT + 20
 
 
