@@ -12,7 +12,7 @@ else
 SETUP :=
 endif
 
-.PHONY: lab lab-instructor reset-notebook test test-gpu test-gpu-tests test-gpu-tests-1 test-gpu-tests-2 test-gpu-notebooks lint unit notebooks bench clean
+.PHONY: lab lab-instructor reset-notebook test test-gpu test-gpu-tests test-gpu-tests-1 test-gpu-tests-2 test-gpu-notebooks test-gpu-notebooks-1 test-gpu-notebooks-2 lint unit notebooks bench clean
 
 $(VENV)/.installed: pyproject.toml launch/setup_env.sh
 	VENV=$(VENV) bash launch/setup_env.sh
@@ -37,14 +37,21 @@ lint: $(SETUP)
 test: lint
 	$(PY) -m pytest -n $(JOBS) --dist loadgroup --durations=30 tests --nbmake notebooks
 
-# Same suite on a GPU box; any test or exercise skipped for want of a GPU is a failure. In three parts, each
-# meant to stay under 10 minutes (one command's limit on the lent GPU machines): every test that times the GPU
-# holds every GPU alone, so a part's GPU tests run one after another. Part 2 holds the tests that start ranks
-# (the launcher, lessons 05-10, DDP training); part 1 every other test file; then the notebooks.
+# Same suite on a GPU box; any test or exercise skipped for want of a GPU is a failure. In four parts, each
+# meant to stay under 10 minutes (one command's limit on the lent GPU machines): every test and notebook that
+# times the GPU holds every GPU alone, so a part's GPU work runs one piece after another. Part 2 holds the tests
+# that start ranks (the launcher, lessons 05-10, DDP training); part 1 every other test file; then the notebooks
+# in two parts. A notebook that a GPU test already executes live is not executed twice (tests/conftest.py).
+# Notebook-only runs load tests/conftest.py as a plugin (-p): pytest loads a conftest only for the folders it
+# collects, and without it notebooks would share the GPUs and strays would go unnoticed.
 GPU_TESTS_2 := $(wildcard tests/test_launch*.py tests/test_lesson0[5-9]_*.py tests/test_lesson10_*.py \
                           tests/test_train_ddp.py tests/test_slurm.py tests/test_browser.py tests/test_lab.py)
 GPU_TESTS_1 := $(filter-out $(GPU_TESTS_2),$(wildcard tests/test_*.py))
 GPU_PYTEST  := COURSE_REQUIRE_GPU=1 $(PY) -m pytest -n $(JOBS) --dist loadgroup --durations=30
+
+NB_PYTEST   := -p tests.conftest --nbmake
+GPU_NOTEBOOKS_1 := $(wildcard notebooks/0[0-4]_*.ipynb)
+GPU_NOTEBOOKS_2 := $(filter-out $(GPU_NOTEBOOKS_1),$(wildcard notebooks/*.ipynb))
 
 test-gpu: test-gpu-tests test-gpu-notebooks
 
@@ -56,14 +63,19 @@ test-gpu-tests-1: $(SETUP)
 test-gpu-tests-2: $(SETUP)
 	$(GPU_PYTEST) $(GPU_TESTS_2)
 
-test-gpu-notebooks: $(SETUP)
-	$(GPU_PYTEST) --nbmake notebooks
+test-gpu-notebooks: test-gpu-notebooks-1 test-gpu-notebooks-2
+
+test-gpu-notebooks-1: $(SETUP)
+	$(GPU_PYTEST) $(NB_PYTEST) $(GPU_NOTEBOOKS_1)
+
+test-gpu-notebooks-2: $(SETUP)
+	$(GPU_PYTEST) $(NB_PYTEST) $(GPU_NOTEBOOKS_2)
 
 unit: $(SETUP)
 	$(PY) -m pytest -n $(JOBS) tests
 
 notebooks: $(SETUP)
-	$(PY) -m pytest -n $(JOBS) --nbmake notebooks
+	$(PY) -m pytest -n $(JOBS) --dist loadgroup $(NB_PYTEST) notebooks
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info

@@ -37,6 +37,24 @@ def is_gpu_skip(reason: str) -> bool:
     return bool(re.search(r"\b(GPU|GPUs|CUDA|cuda|NCCL)\b", reason))
 
 
+# Notebooks that a GPU test executes whole and live, to check the facts they print: notebook -> (that test, the
+# GPUs it needs). Under `make test-gpu` (COURSE_REQUIRE_GPU=1), where that test runs, nbmake does not execute the
+# notebook a second time: on a GPU box every notebook holds the GPUs alone, and these are among the longest.
+EXECUTED_BY_TESTS = {
+    "02_cuda_streams.ipynb": ("tests/test_lesson02_streams.py::test_the_notebook_on_this_gpu_shows_the_facts", 1),
+    "06_collectives.ipynb": ("tests/test_lesson06_collectives.py::test_the_notebook_on_these_gpus_shows_the_facts", 2),
+    "07_ring_allreduce.ipynb": ("tests/test_lesson07_ring.py::test_the_notebook_on_gpus_shows_the_facts", 2),
+    "08_overlap_and_bucketing.ipynb": (
+        "tests/test_lesson08_data_parallel.py::test_the_notebook_on_two_gpus_shows_the_facts", 2),
+}
+
+
+def executed_by_a_test(item, gpus: int) -> str | None:
+    """The test that executes this notebook item live on `gpus` GPUs under make test-gpu (None: nbmake runs it)."""
+    test, needs = EXECUTED_BY_TESTS.get(item.path.name, (None, 0)) if item.path.suffix == ".ipynb" else (None, 0)
+    return test if REQUIRE_GPU and test and gpus >= needs else None
+
+
 def pytest_collection_modifyitems(config, items):
     n = _cuda_count()
     for item in items:
@@ -44,6 +62,18 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="needs a GPU"))
         if "multigpu" in item.keywords and n < 2:
             item.add_marker(pytest.mark.skip(reason="needs two or more GPUs"))
+    gone = [item for item in items if executed_by_a_test(item, n)]
+    if gone:
+        config.hook.pytest_deselected(items=gone)
+        items[:] = [item for item in items if item not in gone]
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if REQUIRE_GPU and getattr(config.option, "nbmake", False):  # said once, by the xdist controller too
+        n = _cuda_count()
+        for name, (test, needs) in EXECUTED_BY_TESTS.items():
+            if n >= needs:
+                terminalreporter.write_line(f"[conftest] {name}: not executed by nbmake here; {test} executes it")
 
 
 def _times_the_gpu(item) -> bool:

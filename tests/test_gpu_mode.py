@@ -127,3 +127,62 @@ def test_files_that_hold_the_gpus_throughout_share_one_worker_on_a_gpu_box():
             "test_grade_gpu.py"} <= mostly
     assert not mostly & {"test_lesson05_p2p.py", "test_grade_attacks.py", "test_launch.py", "test_count_syncs.py"}
     assert _mostly_on_the_gpu(ROOT / "notebooks" / "05_ranks_and_point_to_point.ipynb")
+
+
+def test_each_notebook_left_to_a_test_is_executed_live_by_that_test_on_the_gpus_it_says():
+    import ast
+
+    from tests.conftest import EXECUTED_BY_TESTS
+
+    for name, (nodeid, needs) in EXECUTED_BY_TESTS.items():
+        path, func = nodeid.split("::")
+        tree = ast.parse((ROOT / path).read_text())
+        fn = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == func), None)
+        assert fn is not None, f"{nodeid} does not exist"
+        marks = {ast.unparse(d) for d in fn.decorator_list}
+        assert ("pytest.mark.multigpu" in marks) == (needs == 2) and (needs == 1) <= ("pytest.mark.gpu" in marks)
+        body = ast.unparse(fn)
+        assert "NotebookClient" in body and ".execute()" in body, f"{nodeid} does not execute a notebook"
+        source = (ROOT / path).read_text()  # the notebook it executes is the module's NOTEBOOK
+        assert f'"notebooks" / "{name}"' in source, f"{path} does not name {name}"
+
+
+@pytest.mark.parametrize(("require", "gpus", "left"), [(True, 2, 4), (True, 1, 1), (True, 0, 0), (False, 2, 0)])
+def test_nbmake_leaves_a_notebook_to_its_test_only_under_make_test_gpu_with_enough_gpus(monkeypatch, require, gpus,
+                                                                                        left):
+    from types import SimpleNamespace
+
+    from tests import conftest
+
+    monkeypatch.setattr(conftest, "REQUIRE_GPU", require)
+    items = [SimpleNamespace(path=p) for p in sorted((ROOT / "notebooks").glob("*.ipynb"))]
+    items.append(SimpleNamespace(path=ROOT / "tests" / "test_lesson08_data_parallel.py"))
+    assert sum(bool(conftest.executed_by_a_test(i, gpus)) for i in items) == left
+
+
+NOTEBOOK_SEES_THE_CONFTEST = {
+    "cells": [{"cell_type": "code", "execution_count": None, "id": "0", "metadata": {}, "outputs": [],
+               "source": "import os\nassert os.environ.get('COURSE_TEST_SESSION'), 'no conftest in this run'"}],
+    "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"}},
+    "nbformat": 4, "nbformat_minor": 5}
+
+
+def test_a_notebook_only_run_loads_the_conftest_as_make_runs_it(tmp_path):
+    """pytest loads tests/conftest.py only for what it collects under tests/; `make notebooks` and the GPU notebook
+    parts pass it with -p, so notebooks get the GPU locks and the stray check too (the session mark shows it)."""
+    import json
+    import re
+
+    nb = tmp_path / "sees_conftest.ipynb"
+    nb.write_text(json.dumps(NOTEBOOK_SEES_THE_CONFTEST))
+    make = (ROOT / "Makefile").read_text()
+    flags = re.search(r"^NB_PYTEST\s*:=\s*(.+)$", make, re.M).group(1).split()
+    assert flags == ["-p", "tests.conftest", "--nbmake"]
+    assert make.count("$(NB_PYTEST)") == 3 and "--nbmake notebooks" not in make.replace("tests --nbmake notebooks", "")
+    env = {k: v for k, v in os.environ.items() if k != "COURSE_TEST_SESSION"}
+    res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *flags, str(nb)],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and "1 passed" in res.stdout, res.stdout[-3000:]
+    res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbmake", str(nb)],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 1 and "no conftest in this run" in res.stdout, res.stdout[-3000:]
