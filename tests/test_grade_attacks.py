@@ -40,6 +40,9 @@ import attacks  # noqa: E402  (tests/fixtures/grading/attacks.py)
 sys.path.remove(str(FIXTURE_DIR))
 pytestmark = pytest.mark.slow
 
+# Submissions graded at once in the runs that hide the GPUs: 2 on a 2-core CI machine, more where there are cores
+# to spare (a GPU box), so the attack matrix does not hold up the whole suite there. What is asserted is the same.
+CPU_JOBS = str(max(2, min(8, (os.cpu_count() or 2) // 4)))
 MASTERS = sorted(ROOT.glob("notebooks/*.ipynb")) + [FIXTURE_DIR / "99_fixture.ipynb"]
 import_checks_module(str(FIXTURE_DIR / "fixture_checks.py"))
 
@@ -197,7 +200,7 @@ def attacked(lab):
         for name, body in attacks.ATTACKS.items():
             lab.attack(f"attack/{name}", stem, body)
         lab.write("attack/honest", stem, PARSED[stem].nb)
-    return lab.grade("attack", "-j", "2")
+    return lab.grade("attack", "-j", CPU_JOBS)
 
 
 @pytest.mark.parametrize("stem", PARAMS)
@@ -309,7 +312,7 @@ def test_loops_and_floods_are_cut_off(lab):
             lab.attack(f"limits/{name}", stem, body)
     before = set(_leftovers(lab.tmp))
     t0 = time.monotonic()
-    results, out = lab.grade("limits", "-j", "2", "--cell-timeout", "4")
+    results, out = lab.grade("limits", "-j", CPU_JOBS, "--cell-timeout", "4")
     seconds = time.monotonic() - t0
     for stem in REPRESENTATIVE:
         for name in attacks.LIMITS:
@@ -339,7 +342,7 @@ def test_attacks_that_fool_a_kernel_still_earn_nothing(lab):
     for name in FOOLS_A_KERNEL:
         lab.attack(f"fool/{name}", "99_fixture", attacks.ATTACKS[name])
     executed = lab.base / "executed"
-    results, out = lab.grade("fool", "-j", "2", "--executed-dir", str(executed))
+    results, out = lab.grade("fool", "-j", CPU_JOBS, "--executed-dir", str(executed))
     for name in FOOLS_A_KERNEL:
         assert_zero(results, name, "99_fixture")
         (path,) = executed.glob(f"fool__{name}__*.ipynb")
