@@ -409,3 +409,54 @@ def test_every_wrong_answer_file_is_known():
     assert {s.split("__")[0] for s in stems} == set(EXERCISES)
     assert {"ex10_diagnose__hard_coded", "ex10_diagnose__reads_the_check", "ex10_diagnose__hangs",
             "ex10_fix_uneven__reads_the_check", "ex10_fix_skip__reads_the_check"} <= stems
+
+
+# ------------------------------------------------------------------------------ section 8: the NCCL tools
+
+STEM = NOTEBOOK.stem
+GPU_KEYS = ("device", "nccl_debug", "flight_recorder")
+
+
+def check_gpu_facts(data: dict) -> list[str]:
+    """What section 8's prose says of each tool, on one run's data (live, or a recording); returns a summary."""
+    device = data["device"]  # one "node" of one GPU per rank: rank 1 is on the second node
+    assert len(device) == 2 and device[0].startswith("rank 0 (node 0, LOCAL_RANK 0): cuda:0 worked"), device
+    assert device[1].startswith("rank 1 (node 1, LOCAL_RANK 0): ") and "worked" not in device[1], device
+    lines = data["nccl_debug"]  # NCCL's own report: its version and the set-up of the communicator
+    assert any("NCCL version" in line for line in lines) and any("Init COMPLETE" in line for line in lines), lines
+    fr = data["flight_recorder"]
+    assert fr["ended"] != "every rank finished" and "rank 0" in fr["ended"], fr  # rank 0's all-reduce timed out
+    assert any(f.startswith("fr_rank_0") for f in fr["files"]), fr  # ... and it dumped its buffer
+    text = "\n".join(fr["analysis"])
+    # fr_trace reports the collective that not every rank joined, and who is missing from it
+    assert re.search(r"all_?reduce", text, re.I) and re.search(r"missing[^\n]*\b1\b", text, re.I), text
+    return [device[1], next(line for line in lines if "NCCL version" in line), fr["ended"],
+            next(line for line in fr["analysis"] if re.search(r"missing", line, re.I))]
+
+
+def test_the_notebook_records_every_gpu_tool():
+    text = "".join("".join(c["source"]) for c in code_cells())
+    assert set(re.findall(r'rec\.take\("(\w+)"', text)) == set(GPU_KEYS)
+
+
+def test_recording_shows_the_gpu_facts():
+    from course_utils import reference
+
+    if STEM not in reference.available():
+        pytest.skip(f"no reference recording {STEM!r} yet: make it on two GPUs with "
+                    f"python benchmarks/record_references.py {STEM}")
+    rec = reference.load(STEM)
+    assert rec.provenance.get("gpu_count", 0) >= 2 and set(GPU_KEYS) <= set(rec.data)
+    print("\n".join(check_gpu_facts(rec.data)))
+
+
+@pytest.mark.multigpu
+def test_the_gpu_tools_live_show_the_facts(nb):
+    """Section 8's three runs, live on two GPUs, by the notebook's own functions (no worker left behind)."""
+    from course_utils import launch
+
+    device = list(launch.run(nb["global_rank_as_device"], 1, nproc=2, backend="gloo", gpus=True,
+                             timeout=nb["BACKSTOP_S"]).values())
+    data = {"device": device, "nccl_debug": nb["nccl_debug_lines"](), "flight_recorder": nb["flight_recorder"]()}
+    print("\n" + "\n".join(check_gpu_facts(data)))
+    assert own_workers() == []
