@@ -284,7 +284,8 @@ def test_gloo_basics(nb, gloo_pool):
     tags = gloo_pool.run(nb["any_source_and_tags"], 1.0)
     assert "from rank 0" in tags[1]["recv without src"]
     assert all("no match" in tags[r]["tag 7 -> tag 8"] for r in (0, 1))
-    assert gloo_pool.run(nb["ring_shift"], 4)[1].startswith("rank 1 received 0")
+    shift = gloo_pool.run(nb["ring_shift"], 4)[1]
+    assert shift.startswith("rank 1 received 0") and "(2 operations, 2 Work(s)" in shift  # one per operation
     rows = launch.run(nb["first_calls"], 256, nproc=2, backend="gloo")
     assert [len(v) for v in rows.values()] == [1, 1] and len(rows[0][0]["call_ms"]) == 3
 
@@ -357,7 +358,8 @@ def test_nccl_touching_buffers_and_basics(nb, nccl_pool):
     tags = nccl_pool.run(nb["any_source_and_tags"], 3.0)
     assert "from rank" not in tags[1]["recv without src"]  # NCCL has no any-source receive
     assert all("matched" in tags[r]["tag 7 -> tag 8"] for r in (0, 1)), tags  # NCCL ignores tags
-    assert nccl_pool.run(nb["ring_shift"], 4)[1].startswith("rank 1 received 0")
+    shift = nccl_pool.run(nb["ring_shift"], 4)[1]
+    assert shift.startswith("rank 1 received 0") and "(2 operations, 1 Work(s)" in shift  # one for the batch
 
 
 @pytest.mark.multigpu
