@@ -61,7 +61,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--classes", type=int, default=4)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-set-epoch", action="store_true", help="the bug: never call sampler.set_epoch")
-    p.add_argument("--sync-bn", action="store_true", help="SyncBatchNorm (CUDA only)")
+    p.add_argument("--sync-bn", action="store_true", help="SyncBatchNorm (GPUs only)")
     p.add_argument("--comm-hook", choices=HOOKS, default="none", help="none: DDP's built-in all-reduce")
     p.add_argument("--powersgd-rank", type=int, default=2)
     p.add_argument("--powersgd-start", type=int, default=10, help="plain all-reduce for the first N steps")
@@ -95,7 +95,7 @@ def setup(args: argparse.Namespace) -> torch.device:
     if use_cuda:
         torch.cuda.set_device(device)
     if args.sync_bn and not use_cuda:
-        sys.exit("--sync-bn needs GPUs: torch's SyncBatchNorm runs on CUDA only")
+        sys.exit("--sync-bn needs GPUs: torch's SyncBatchNorm does not run on the CPU")
     if args.comm_hook == "bf16" and not use_cuda:
         sys.exit("--comm-hook bf16 needs NCCL (GPUs); on the CPU use --comm-hook fp16")
     if args.comm_hook == "powersgd" and not use_cuda and torch.cuda.is_available():
