@@ -12,7 +12,7 @@ else
 SETUP :=
 endif
 
-.PHONY: lab lab-instructor reset-notebook test test-gpu test-gpu-tests test-gpu-tests-1 test-gpu-tests-2 test-gpu-notebooks test-gpu-notebooks-1 test-gpu-notebooks-2 lint unit notebooks bench clean
+.PHONY: lab lab-instructor reset-notebook test test-gpu test-gpu-tests test-gpu-tests-1 test-gpu-tests-2 test-gpu-notebooks test-gpu-notebooks-1 test-gpu-notebooks-2 lint unit notebooks clean
 
 $(VENV)/.installed: pyproject.toml launch/setup_env.sh
 	VENV=$(VENV) bash launch/setup_env.sh

@@ -200,8 +200,9 @@ def measure_collective(op: str, size_bytes: int, mode: str = "back_to_back", war
 
     warm-up calls (each waited for), a barrier, then `iters` calls timed by the host clock until all are done:
     launched back to back and waited for at the end ("back_to_back", nccl-tests' default), or each waited for
-    before the next ("blocking", nccl-tests -z 1). On NCCL, Work.wait() only makes the current stream wait, so
-    the host also synchronizes the device before reading the clock. The time per call is averaged over ranks."""
+    before the next ("blocking", like nccl-tests -z 1 but with no barrier between calls). On NCCL, Work.wait()
+    only makes the current stream wait, so the host also synchronizes the device before reading the clock. The
+    time per call is averaged over ranks."""
     import torch.distributed as dist
 
     if mode not in MODES:
@@ -335,9 +336,11 @@ NVLINK_LINK_GBPS = {"6.0": 20.0, "7.0": 25.0, "8.0": 25.0, "9.0": 25.0, "10.0": 
 
 
 def link_limits(machine: Any = None, world_size: int = 2) -> dict[str, float]:
-    """{label: GB/s} the bus bandwidth of `world_size` ranks on GPUs 0..world_size-1 cannot beat: the NVLink
-    bandwidth between the pair of them with the fewest links (one direction), else their PCIe links.
-    {} without enough GPUs, or for an NVLink generation this table does not know."""
+    """{label: GB/s} the bus bandwidth of `world_size` ranks on GPUs 0..world_size-1 cannot beat with ring or
+    tree algorithms: the NVLink bandwidth between the pair of them with the fewest links (one direction), else
+    their PCIe links. NCCL's NVLink SHARP all_reduce (NVLS, on NVSwitch machines unless NCCL_NVLS_ENABLE=0)
+    reduces inside the switch, so its busbw can go past this line. {} without enough GPUs, or for an NVLink
+    generation this table does not know."""
     if machine is None:
         from .hardware import probe
 

@@ -8,7 +8,8 @@
 # On real nodes, run the same torchrun command on every node, with HOST = the first node's address:
 #   torchrun --nnodes=2 --nproc-per-node=8 --rdzv-backend=c10d --rdzv-endpoint=HOST:29500 --rdzv-id=JOB \
 #       launch/train_ddp.py ...
-# Under c10d the agents take node ranks in the order they join: --node-rank is not needed (and is ignored).
+# Under c10d the rendezvous gives the agents node ranks (sorted by host, then pid): --node-rank is not needed
+# (and is ignored).
 #
 # Environment: PYTHON (default python3), NPROC_PER_NODE (workers per node, default 1), PORT (rendezvous
 # port, default: a free one), JOIN_TIMEOUT (seconds an agent waits for the other, default 60). With GPUs,

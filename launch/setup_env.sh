@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Creates .venv (if missing) and installs the course into it. Called by `make lab` and `make test`.
-# CPU-only machines get the CPU build of torch; a CUDA build the machine already has is kept.
+# CPU-only machines get torch==2.13.0 from the package index (the CPU build where the index serves it; from PyPI
+# on Linux that is the CUDA build, which runs on a CPU too: TORCH_CPU_INDEX below gets the small CPU build); a
+# CUDA build the machine already has is kept.
 #   TORCH_CPU_SPEC   what to install on a machine with no NVIDIA GPU (default torch==2.13.0)
 #   TORCH_CPU_INDEX  an index that serves CPU builds, e.g. https://download.pytorch.org/whl/cpu
 set -euo pipefail
@@ -13,7 +15,12 @@ if [ ! -x "$VENV/bin/python" ]; then
     site="--system-site-packages"
     echo "setup: keeping this machine's CUDA build of torch ($("$PYTHON" -c 'import torch; print(torch.__version__)'))"
   fi
-  "$PYTHON" -m venv $site "$VENV"
+  if ! "$PYTHON" -m venv $site "$VENV"; then
+    rm -rf "$VENV"  # a half-made one (no pip) would be taken as ready next time
+    echo "setup: '$PYTHON -m venv' failed; on Debian/Ubuntu install the venv module first:" \
+         "sudo apt-get install python3-venv" >&2
+    exit 1
+  fi
 fi
 PY="$VENV/bin/python"
 if ! "$PY" -c "import torch" 2>/dev/null; then
@@ -22,7 +29,7 @@ if ! "$PY" -c "import torch" 2>/dev/null; then
     "$PY" -m pip install "torch>=2.4"
   else
     spec=${TORCH_CPU_SPEC:-torch==2.13.0}
-    echo "setup: no NVIDIA GPU, installing the CPU build of torch ($spec)"
+    echo "setup: no NVIDIA GPU, installing $spec${TORCH_CPU_INDEX:+ from $TORCH_CPU_INDEX}"
     "$PY" -m pip install "$spec" ${TORCH_CPU_INDEX:+--index-url "$TORCH_CPU_INDEX"}
   fi
 fi

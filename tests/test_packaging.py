@@ -90,3 +90,16 @@ def test_hygiene_check_catches_outputs_and_kernels():
     assert any("outputs" in p for p in problems)
     assert any("execution count" in p for p in problems)
     assert any("kernelspec" in p for p in problems)
+
+
+def test_setup_says_what_to_install_when_venv_is_missing(tmp_path):
+    """A Python without a working venv module (Debian/Ubuntu without python3-venv): a clear error, and no
+    half-made environment that the next run would take as ready."""
+    fake = tmp_path / "python3"
+    fake.write_text("#!/bin/sh\nexit 1\n")  # fails `-c 'import torch'` and `-m venv` alike
+    fake.chmod(0o755)
+    venv = tmp_path / "venv"
+    res = subprocess.run(["bash", str(ROOT / "launch" / "setup_env.sh")], cwd=ROOT, capture_output=True, text=True,
+                         env={"PATH": "/usr/bin:/bin", "PYTHON": str(fake), "VENV": str(venv)}, timeout=60)
+    assert res.returncode == 1 and "python3-venv" in res.stderr, res.stdout + res.stderr
+    assert not venv.exists()

@@ -17,8 +17,8 @@ origin is on time.perf_counter_ns (CLOCK_MONOTONIC), which every process on a ho
 assume how the two clocks relate, each profiler run records two *anchors*: a record_function entered
 right after the profiler starts and right before it stops, with perf_counter read around each. The two
 (trace time, perf time) pairs give a linear map from trace time to the timeline's clock (uncertainty:
-half the time to enter a record_function, about a µs). So kernel times of ranks on one host land on
-one axis with no barrier-based guess.
+half the time to enter a record_function, a few µs, shown under merged plots). So kernel times of ranks
+on one host land on one axis with no barrier-based guess.
 
 Recording only here; reading the trace is in `trace`, numbers in `stats`, drawing in `plot`.
 """
@@ -256,7 +256,7 @@ class KernelRecorder:
         says which profiler stream id the torch stream has (a torch stream does not know its CUPTI id).
 
         A copy (cudaMemcpyAsync), not a kernel: with CUDA's lazy loading (the default since CUDA 12.2) the
-        first launch of a kernel in a process loads its module, and that waits for the whole GPU to go idle,
+        first launch of a kernel in a process loads its module, and that can wait for the whole GPU to go idle,
         so a kernel probe could hold the host inside a capture, or at its start, until queued work finished.
         """
         import torch
