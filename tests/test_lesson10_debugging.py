@@ -422,8 +422,10 @@ def check_gpu_facts(data: dict) -> list[str]:
     device = data["device"]  # one "node" of one GPU per rank: rank 1 is on the second node
     assert len(device) == 2 and device[0].startswith("rank 0 (node 0, LOCAL_RANK 0): cuda:0 worked"), device
     assert device[1].startswith("rank 1 (node 1, LOCAL_RANK 0): ") and "worked" not in device[1], device
-    lines = data["nccl_debug"]  # NCCL's own report: its version and the set-up of the communicator
-    assert any("NCCL version" in line for line in lines) and any("Init COMPLETE" in line for line in lines), lines
+    lines = data["nccl_debug"]  # NCCL's own report: its version, the transports, the rings and trees it built
+    for said in ("NCCL version", " via ", "Channel 00", "Tree 0 ", "Init COMPLETE"):
+        assert any(said in line for line in lines), (said, lines)
+    assert len(lines) <= 20, lines  # a few lines of each kind, not dozens of channels
     fr = data["flight_recorder"]
     assert fr["ended"] != "every rank finished" and "rank 0" in fr["ended"], fr  # rank 0's all-reduce timed out
     assert any(f.startswith("fr_rank_0") for f in fr["files"]), fr  # ... and it dumped its buffer
