@@ -166,6 +166,21 @@ def _described(p) -> tuple:
 WORKER_EXIT_GRACE_S = float(os.environ.get("COURSE_WORKER_EXIT_GRACE_S", "90"))
 
 
+def _only_waiting_for_the_controller(me) -> bool:
+    """True when this worker is done and only waits for xdist's controller to let it go: no child process, no
+    thread but the main one and the watchdog, and the main thread back in execnet's loop. An xdist worker lives
+    until the whole run ends, so one that ran out of work early waits there for minutes."""
+    import threading
+
+    others = [t for t in threading.enumerate() if t is not threading.main_thread() and t.name != "conftest-exit-watchdog"]
+    frame = sys._current_frames().get(threading.main_thread().ident)
+    in_execnet = False
+    while frame is not None and not in_execnet:
+        in_execnet = "execnet" in frame.f_code.co_filename
+        frame = frame.f_back
+    return in_execnet and not others and not me.children(recursive=True)
+
+
 def pytest_unconfigure(config):
     """An xdist worker that has not exited WORKER_EXIT_GRACE_S after its session ended (something it started
     keeps it alive: a thread, a child) prints its threads' stacks and its child processes, then ends, so the
@@ -181,6 +196,8 @@ def pytest_unconfigure(config):
 
         time.sleep(WORKER_EXIT_GRACE_S)
         me = psutil.Process()
+        while _only_waiting_for_the_controller(me):  # workers idle while others finish (GPU turns): harmless
+            time.sleep(5)
         lines = [f"[conftest] xdist worker {config.workerinput.get('workerid')} (pid {me.pid}) still alive "
                  f"{WORKER_EXIT_GRACE_S:g} s after its session ended; threads: "
                  f"{[t.name for t in threading.enumerate()]}; children: "

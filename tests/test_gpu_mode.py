@@ -96,6 +96,31 @@ def test_a_worker_that_cannot_exit_reports_its_threads_and_ends(tmp_path):
     assert "1 passed" in out
 
 
+ONE_SLOW_TEST = '''
+import time
+
+def test_quick():
+    pass
+
+def test_slow():
+    time.sleep(8)
+'''
+
+
+def test_a_worker_that_ran_out_of_work_waits_quietly_for_the_others(tmp_path):
+    """xdist keeps every worker until the whole run ends: one with nothing left to do is not a stray (seen on the
+    H100, where notebooks take turns on the GPU and idle workers were reported and killed after 90 s)."""
+    (tmp_path / "test_sample.py").write_text(ONE_SLOW_TEST)
+    (tmp_path / "conftest.py").write_text((ROOT / "tests" / "conftest.py").read_text())
+    env = {**os.environ, "COURSE_WORKER_EXIT_GRACE_S": "2"}
+    res = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", str(tmp_path)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+    )
+    out = res.stdout + res.stderr
+    assert res.returncode == 0 and "2 passed" in out and "still alive" not in out, out[-3000:]
+
+
 LEAVES_AN_ORPHAN = '''
 import subprocess, sys
 
