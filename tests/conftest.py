@@ -172,7 +172,8 @@ def _only_waiting_for_the_controller(me) -> bool:
     until the whole run ends, so one that ran out of work early waits there for minutes."""
     import threading
 
-    others = [t for t in threading.enumerate() if t is not threading.main_thread() and t.name != "conftest-exit-watchdog"]
+    others = [t for t in threading.enumerate()
+              if t is not threading.main_thread() and t.name != "conftest-exit-watchdog"]
     frame = sys._current_frames().get(threading.main_thread().ident)
     in_execnet = False
     while frame is not None and not in_execnet:
