@@ -83,14 +83,19 @@ def test_leaves_a_thread_running():
 '''
 
 
-def test_a_worker_that_cannot_exit_reports_its_threads_and_ends(tmp_path):
-    (tmp_path / "test_sample.py").write_text(LEAVES_A_THREAD)
+def _run_with_our_conftest(tmp_path, tests: str, workers: int) -> subprocess.CompletedProcess:
+    """pytest -n workers on a file of tests, with this suite's conftest and an exit grace of 2 s."""
+    (tmp_path / "test_sample.py").write_text(tests)
     (tmp_path / "conftest.py").write_text((ROOT / "tests" / "conftest.py").read_text())
     env = {**os.environ, "COURSE_WORKER_EXIT_GRACE_S": "2"}
-    res = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "1", str(tmp_path)],
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", str(workers), str(tmp_path)],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
     )
+
+
+def test_a_worker_that_cannot_exit_reports_its_threads_and_ends(tmp_path):
+    res = _run_with_our_conftest(tmp_path, LEAVES_A_THREAD, 1)
     out = res.stdout + res.stderr
     assert "still alive 2 s after its session ended" in out and "left-behind" in out, out[-3000:]
     assert "1 passed" in out
@@ -110,13 +115,7 @@ def test_slow():
 def test_a_worker_that_ran_out_of_work_waits_quietly_for_the_others(tmp_path):
     """xdist keeps every worker until the whole run ends: one with nothing left to do is not a stray (seen on the
     H100, where notebooks take turns on the GPU and idle workers were reported and killed after 90 s)."""
-    (tmp_path / "test_sample.py").write_text(ONE_SLOW_TEST)
-    (tmp_path / "conftest.py").write_text((ROOT / "tests" / "conftest.py").read_text())
-    env = {**os.environ, "COURSE_WORKER_EXIT_GRACE_S": "2"}
-    res = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", str(tmp_path)],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
-    )
+    res = _run_with_our_conftest(tmp_path, ONE_SLOW_TEST, 2)
     out = res.stdout + res.stderr
     assert res.returncode == 0 and "2 passed" in out and "still alive" not in out, out[-3000:]
 
