@@ -466,23 +466,29 @@ def test_dp_probe_says_not_attempted_for_the_stub():
 # ------------------------------------------------------------------------------ the benchmark
 
 
-def test_benchmark_runs_on_gloo():
+def _benchmark():
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("bucketing_vs_ddp", ROOT / "benchmarks" / "bucketing_vs_ddp.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
+    return bench
+
+
+def test_benchmark_picks_the_batch_by_the_lessons_rule():
+    text = "\n".join("".join(c["source"]) for c in code_cells(json.loads(NOTEBOOK.read_text())))
+    assert float(re.search(r"^GROWTH = ([0-9.]+)", text, re.M).group(1)) == _benchmark().GROWTH
+
+
+def test_benchmark_runs_on_gloo():
+    bench = _benchmark()
     out = bench.main(["--cpu", "--rows", "16", "--rounds", "2", "--steps", "2"])
     assert out["max_rel_diff"] < 1e-5 and out["ratio"] > 0 and out["rows"] == 16
 
 
 @pytest.mark.multigpu
 def test_bucketed_within_five_percent_of_ddp_on_two_gpus():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("bucketing_vs_ddp", ROOT / "benchmarks" / "bucketing_vs_ddp.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _benchmark()
     out = bench.main([])
     print(f"\n[bucketing_vs_ddp] {out}")
     assert out["max_rel_diff"] < 1e-3
