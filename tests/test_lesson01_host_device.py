@@ -431,3 +431,12 @@ def test_gpu_solution_passes_with_the_host_ahead(notebook, capsys):
     text, err = _run_in_process(exercise_cells(notebook, HIDDEN, None), capsys)
     print(text)
     assert err is None and f"{checks.PASS_MARKER} {HIDDEN}" in text, (err, text)
+
+
+def test_the_cpu_tensor_sync_tables_count_the_same_on_any_machine(notebook):
+    """The sync-point table and the training step's count use CPU tensors; count_syncs counts those only with
+    cpu_as_device=True, which is its default only without a GPU (on the H100 both printed 0 syncs)."""
+    cells = ["".join(c["source"]) for c in notebook["cells"] if c["cell_type"] == "code"]
+    for marker in ("SYNC_POINTS = {", 'slow_train_step on this CPU'):
+        src = next(s for s in cells if marker in s)
+        assert "count_syncs(cpu_as_device=True)" in src and "count_syncs()" not in src, marker

@@ -476,3 +476,12 @@ def test_notebook_claims_on_streams_engines_and_pinning():
     one, two = (Timeline.from_spans(ov[f"{s} stream"]).stats() for s in (1, 2))
     print(one.makespan_ms, one.copy_compute_overlap, two.makespan_ms, two.copy_compute_overlap)
     assert two.makespan_ms < 0.8 * one.makespan_ms and (two.copy_compute_overlap or 0) > 0.5
+
+
+def test_stacked_runs_are_plotted_without_stats():
+    """Runs stacked on one axis (each from 0 ms) never ran together: stats over them would report overlap that
+    never happened (the H100 run showed "compute on 2+ streams at once: 100%")."""
+    cells = ["".join(c["source"]) for c in notebook()["cells"] if c["cell_type"] == "code"]
+    plots = [src[m.start():m.start() + 300] for src in cells for m in re.finditer(r"stack\(\{", src)]
+    assert len(plots) == 2
+    assert all(".plot(" in p and "show_stats=False" in p for p in plots), plots

@@ -79,7 +79,7 @@ def test_setup_cells_are_plain_python_and_quick(notebook):
 def test_the_notebook_runs_the_real_script_and_scripts(notebook):
     src = code_source(notebook)
     assert '"launch" / "train_ddp.py"' in src and "multinode_local.sh" in src and '"--standalone"' in src
-    assert 'Recorder("09_ddp")' in src and {"sync_bn", "scaling"} <= taken_keys(notebook)
+    assert 'Recorder("09_ddp", live=USE_GPUS)' in src and {"sync_bn", "scaling"} <= taken_keys(notebook)
     assert "pool.close()" in src and "WORK.cleanup()" in src  # nothing left behind
     assert not re.search(r"from course_utils(\.| import )[^\n]*\b(ddp|data_parallel)\b", src)  # no lesson helpers
 

@@ -249,6 +249,30 @@ def test_from_profiler_takes_a_profile_object_once():
 
 
 # ------------------------------------------------------------------ kernels mode without CUDA
+def test_a_capture_hides_the_profilers_warning_about_cycles_only(monkeypatch):
+    """torch 2.11 (the GPU machines) warns "Profiler clears events at the end of each cycle" when a capture
+    starts; a capture is one cycle of a fresh profile object, so a learner must not see it. Other warnings pass."""
+    import warnings
+
+    from torch.profiler import profile
+
+    start = profile.start
+
+    def warning_start(self):
+        warnings.warn("Warning: Profiler clears events at the end of each cycle. ...", UserWarning, stacklevel=2)
+        warnings.warn("something else the profiler says", UserWarning, stacklevel=2)
+        start(self)
+
+    monkeypatch.setattr(profile, "start", warning_start)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        tl = Timeline(mode="kernels")
+        with tl.capture():
+            torch.ones(4).sum()
+    assert [str(w.message) for w in seen] == ["something else the profiler says"]
+    assert tl.spans()
+
+
 def test_kernels_mode_on_a_cpu_records_ops_ranges_and_gloo_on_the_host_clock():
     import torch.distributed as dist
 

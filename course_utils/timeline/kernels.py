@@ -30,6 +30,7 @@ import os
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -90,7 +91,9 @@ class _Session:
 
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
         self.prof = profile(activities=acts)
-        self.prof.__enter__()
+        with warnings.catch_warnings():  # one cycle per profile object here: there is nothing it could clear
+            warnings.filterwarnings("ignore", message=".*Profiler clears events at the end of each cycle")
+            self.prof.__enter__()
         self.anchor()
 
     def stop(self) -> dict[str, Any]:
