@@ -266,7 +266,7 @@ def test_a_capture_hides_the_profilers_warning_about_cycles_only(monkeypatch):
     monkeypatch.setattr(profile, "start", warning_start)
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
-        tl = Timeline(mode="kernels")
+        tl = Timeline(device="cpu", mode="kernels")  # the profiler's CPU ops, also on a GPU machine
         with tl.capture():
             torch.ones(4).sum()
     assert [str(w.message) for w in seen] == ["something else the profiler says"]
