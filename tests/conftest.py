@@ -168,12 +168,12 @@ WORKER_EXIT_GRACE_S = float(os.environ.get("COURSE_WORKER_EXIT_GRACE_S", "90"))
 
 def _only_waiting_for_the_controller(me) -> bool:
     """True when this worker is done and only waits for xdist's controller to let it go: no child process, no
-    thread but the main one and the watchdog, and the main thread back in execnet's loop. An xdist worker lives
-    until the whole run ends, so one that ran out of work early waits there for minutes."""
+    thread that could keep it alive (daemon threads cannot: IPython's history-saving thread is one), and the main
+    thread back in execnet's loop. An xdist worker lives until the whole run ends, so one that ran out of work
+    early waits there for minutes."""
     import threading
 
-    others = [t for t in threading.enumerate()
-              if t is not threading.main_thread() and t.name != "conftest-exit-watchdog"]
+    others = [t for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon]
     frame = sys._current_frames().get(threading.main_thread().ident)
     in_execnet = False
     while frame is not None and not in_execnet:

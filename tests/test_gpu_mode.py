@@ -102,10 +102,10 @@ def test_a_worker_that_cannot_exit_reports_its_threads_and_ends(tmp_path):
 
 
 ONE_SLOW_TEST = '''
-import time
+import threading, time
 
-def test_quick():
-    pass
+def test_quick():  # a daemon thread, as IPython's history-saving thread: it cannot keep the worker alive
+    threading.Thread(target=time.sleep, args=(3600,), name="IPythonHistorySavingThread", daemon=True).start()
 
 def test_slow():
     time.sleep(8)
@@ -114,7 +114,8 @@ def test_slow():
 
 def test_a_worker_that_ran_out_of_work_waits_quietly_for_the_others(tmp_path):
     """xdist keeps every worker until the whole run ends: one with nothing left to do is not a stray (seen on the
-    H100, where notebooks take turns on the GPU and idle workers were reported and killed after 90 s)."""
+    H100, where notebooks take turns on the GPU and idle workers were reported and killed after 90 s; in CI a worker
+    with IPython's daemon history thread was)."""
     res = _run_with_our_conftest(tmp_path, ONE_SLOW_TEST, 2)
     out = res.stdout + res.stderr
     assert res.returncode == 0 and "2 passed" in out and "still alive" not in out, out[-3000:]
