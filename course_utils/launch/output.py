@@ -15,6 +15,10 @@ from typing import TextIO
 
 _COLOURS = (34, 32, 35, 36, 33, 31, 94, 92, 95, 96, 93, 91)  # ANSI: blue, green, magenta, cyan, yellow, red, ...
 TORCHRUN_PREFIX = re.compile(r"^\[default(\d+)\]:")
+# Lines a rank's libraries print that say nothing to a learner and are dropped: kineto (torch 2.13) marks every
+# profiler start and stop with a "USDT" line for tracing tools, at a level above ERROR, so KINETO_LOG_LEVEL cannot
+# hide it without hiding kineto's errors too.
+NOISE = re.compile(r"^USDT:\S+ \S+ \d+:\d+ SyncActivityProfilerHandler\.cpp:\d+\] profiler_(start|stop)$")
 
 
 def in_jupyter_kernel() -> bool:
@@ -89,6 +93,8 @@ class RankOutput:
                 print(text, file=stream)
                 return
             rank, text = int(m.group(1)), text[m.end():]
+        if NOISE.match(text):
+            return
         if text.strip():
             self.last[rank] = text
         if self.show is None or rank in self.show:
