@@ -276,17 +276,21 @@ def test_only_chosen_ranks_are_printed_but_every_last_line_is_kept(capsys):
 
 def test_kinetos_profiler_markers_are_dropped_and_nothing_else(capsys):
     """torch 2.13's kineto prints a USDT line at every profiler start and stop (lesson 08's captures on gloo ranks
-    showed them in red); lines that only look alike, and kineto's real errors, still reach the learner."""
+    showed them in red), torch 2.11's reports "no CUDA device" in ranks whose GPUs are hidden (lesson 08 on one
+    GPU); lines that only look alike, and kineto's other errors, still reach the learner."""
     out = output.RankOutput(nproc=2, colour=False)
     out.feed("fd", b"USDT:2026-11-26 14:17:31 25539:25539 SyncActivityProfilerHandler.cpp:52] profiler_start\n"
                    b"USDT:2026-11-26 14:17:31 25539:25539 SyncActivityProfilerHandler.cpp:59] profiler_stop\n"
+                   b"ERROR:2026-11-26 11:22:08 51:51 DeviceProperties.cpp:48] gpuGetDeviceCount failed with code 100\n"
                    b"ERROR:2026-11-26 14:17:31 25539:25539 DeviceProperties.cpp:48] gpuGetDeviceCount failed\n"
+                   b"ERROR:2026-11-26 14:17:31 25:25 DeviceProperties.cpp:48] gpuGetDeviceCount failed with code 3\n"
                    b"USDT: profiler_start, said my own code\n", sys.stderr, 0)
     torchrun_line = b"[default1]:USDT:2026-11-26 14:17:31 2:2 SyncActivityProfilerHandler.cpp:52] profiler_start\n"
     out.feed("torchrun", torchrun_line, sys.stderr, None)
     out.end_all()
     assert capsys.readouterr().err.splitlines() == [
         "[rank 0] ERROR:2026-11-26 14:17:31 25539:25539 DeviceProperties.cpp:48] gpuGetDeviceCount failed",
+        "[rank 0] ERROR:2026-11-26 14:17:31 25:25 DeviceProperties.cpp:48] gpuGetDeviceCount failed with code 3",
         "[rank 0] USDT: profiler_start, said my own code"]
 
 

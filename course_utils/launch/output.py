@@ -17,8 +17,10 @@ _COLOURS = (34, 32, 35, 36, 33, 31, 94, 92, 95, 96, 93, 91)  # ANSI: blue, green
 TORCHRUN_PREFIX = re.compile(r"^\[default(\d+)\]:")
 # Lines a rank's libraries print that say nothing to a learner and are dropped: kineto (torch 2.13) marks every
 # profiler start and stop with a "USDT" line for tracing tools, at a level above ERROR, so KINETO_LOG_LEVEL cannot
-# hide it without hiding kineto's errors too.
-NOISE = re.compile(r"^USDT:\S+ \S+ \d+:\d+ SyncActivityProfilerHandler\.cpp:\d+\] profiler_(start|stop)$")
+# hide it without hiding kineto's errors too; and kineto reports "no CUDA device" (cudaErrorNoDevice, code 100)
+# as an ERROR when a profiler starts in a rank whose GPUs are hidden (gloo ranks on a GPU machine, torch 2.11).
+NOISE = re.compile(r"^USDT:\S+ \S+ \d+:\d+ SyncActivityProfilerHandler\.cpp:\d+\] profiler_(start|stop)$"
+                   r"|^ERROR:\S+ \S+ \d+:\d+ DeviceProperties\.cpp:\d+\] gpuGetDeviceCount failed with code 100$")
 
 
 def in_jupyter_kernel() -> bool:
