@@ -211,3 +211,17 @@ def test_a_notebook_only_run_loads_the_conftest_as_make_runs_it(tmp_path):
     res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbmake", str(nb)],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert res.returncode == 1 and "no conftest in this run" in res.stdout, res.stdout[-3000:]
+
+
+def test_the_gpu_test_parts_hold_every_test_file_once():
+    """make test-gpu-tests runs its parts (each meant to fit one 10-minute command): every test file in exactly one."""
+    import shutil
+
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    dry = subprocess.run(["make", "-n", "test-gpu-tests", "PY=python3"], cwd=ROOT, capture_output=True, text=True,
+                         check=True).stdout.splitlines()
+    runs = [[w for w in line.split() if w.startswith("tests/test_")] for line in dry if "pytest" in line]
+    files = [f for run in runs for f in run]
+    assert len(runs) == 3 and all(runs)
+    assert sorted(files) == sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_*.py"))
