@@ -6,6 +6,9 @@
 1. Cold launch: a trivial job (init the process group, all_reduce a small tensor, return) on 2 fresh ranks,
    from Python with torch already imported (as in a notebook), against `torchrun --standalone` running the
    same job as a script. The two alternate, so both see the same machine load. Target: ratio <= 0.6.
+   With gloo, also the same launch with every rank a fresh interpreter (COURSE_LAUNCH_FORK_SERVER=0) against
+   the default, where one fork server imports torch once and forks the ranks: wall time and the CPU seconds
+   the ranks used, at 2 and at 4 ranks.
 2. Warm Pool round trip: Pool(4).run(fn) where fn all_reduces a small tensor and returns it. Target: median
    under 50 ms on the 2-core CPU machine.
 3. Result throughput: each of 2 ranks of a warm Pool returns a 256 MiB float32 tensor it already holds (on its
@@ -21,6 +24,7 @@ import argparse
 import os
 import pickle
 import platform
+import resource
 import statistics
 import subprocess
 import sys
@@ -114,6 +118,10 @@ def main() -> None:
     ratio = ours_s / theirs_s
     print(f"  ratio run/torchrun = {ratio:.2f}   (target <= 0.6: {'met' if ratio <= 0.6 else 'NOT met'})")
 
+    if args.backend == "gloo":
+        for nproc in (args.cold_nproc, 4):
+            fork_server_vs_fresh(nproc, args.repeats)
+
     start = time.perf_counter()
     with launch.Pool(pool_nproc, backend=args.backend) as pool:
         started = time.perf_counter() - start
@@ -130,6 +138,36 @@ def main() -> None:
           f"max {ms[-1]:.1f} ms   (target median < 50 ms: {'met' if median < 50 else 'NOT met'})")
 
     result_throughput(args.backend, args.result_mib, args.result_repeats)
+
+
+def fork_server_vs_fresh(nproc: int, repeats: int) -> None:
+    """launch.run of the trivial job: ranks forked by one fork server (the default for CPU ranks) against
+    every rank a fresh interpreter; alternating; wall time and the CPU time of the processes it started."""
+    times: dict[str, list[tuple[float, float]]] = {"1": [], "0": []}
+    before = os.environ.get("COURSE_LAUNCH_FORK_SERVER")
+    try:
+        for _ in range(repeats):
+            for mode, runs in times.items():
+                os.environ["COURSE_LAUNCH_FORK_SERVER"] = mode
+                cpu = resource.getrusage(resource.RUSAGE_CHILDREN)  # reaped descendants, forked ranks included
+                wall = time_once(lambda: launch.run(trivial_job, nproc=nproc, backend="gloo"))
+                after = resource.getrusage(resource.RUSAGE_CHILDREN)
+                runs.append((wall, after.ru_utime + after.ru_stime - cpu.ru_utime - cpu.ru_stime))
+    finally:
+        if before is None:
+            os.environ.pop("COURSE_LAUNCH_FORK_SERVER", None)
+        else:
+            os.environ["COURSE_LAUNCH_FORK_SERVER"] = before
+    print(f"\ncold launch, {nproc} gloo ranks: forked by one fork server vs each a fresh interpreter "
+          f"({repeats} each, alternating):")
+    medians = {}
+    for mode, name in (("1", "fork server"), ("0", "fresh interpreters")):
+        wall, cpu = (statistics.median(x) for x in zip(*times[mode], strict=True))
+        medians[mode] = wall, cpu
+        print(f"  {name:<22} median {wall:6.2f} s wall, {cpu:6.2f} s CPU   runs "
+              f"{', '.join(f'{w:.2f}' for w, _ in times[mode])}")
+    print(f"  ratio fork server / fresh: wall {medians['1'][0] / medians['0'][0]:.2f}, "
+          f"CPU {medians['1'][1] / medians['0'][1]:.2f}")
 
 
 def result_throughput(backend: str, mib: int, repeats: int) -> None:

@@ -259,7 +259,7 @@ def test_ctrl_c_ends_every_worker():
 
     def interrupt_once_running():
         deadline = time.monotonic() + 30
-        while len(me.children()) < 2 and time.monotonic() < deadline:
+        while len(me.children(recursive=True)) < 2 and time.monotonic() < deadline:  # (a fork server and a rank)
             time.sleep(0.05)
         time.sleep(1.0)
         os.kill(os.getpid(), signal.SIGINT)

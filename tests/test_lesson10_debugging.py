@@ -9,17 +9,16 @@ from __future__ import annotations
 import ast
 import json
 import linecache
-import os
 import re
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from course_utils import checks
 from course_utils.checks import CheckFailed
 from course_utils.checks import debugging as c10
-from course_utils.launch.procs import children
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "10_debugging_distributed.ipynb"
@@ -36,14 +35,14 @@ def code_cells() -> list[dict]:
 
 
 def own_workers() -> list[int]:
-    """Worker processes of this test process still alive."""
+    """The launcher's processes under this test process still alive: ranks (fresh workers, or forked by a fork
+    server, whose command line they keep) and fork servers."""
     left = []
-    for pid in children(os.getpid()):
+    for p in psutil.Process().children(recursive=True):
         try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if b"course_utils.launch.worker" in f.read():
-                    left.append(pid)
-        except OSError:
+            if any("course_utils.launch." in part for part in p.cmdline()):
+                left.append(p.pid)
+        except psutil.NoSuchProcess:
             pass
     return left
 
@@ -72,6 +71,20 @@ def notebook_functions(replace: dict[str, str] | None = None) -> dict:
 
 def wrong(stem: str) -> str:
     return (WRONG / f"{stem}.py").read_text()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("fork_server", ["1", "0"])
+def test_what_counts_workers_left_sees_live_ranks(fork_server, monkeypatch):
+    # the notebook's workers_left() and these tests' own_workers() must see ranks however they were started
+    # (forked CPU ranks are the kernel's grandchildren), or every "nothing left running" above proves nothing
+    from course_utils import launch
+
+    monkeypatch.setenv("COURSE_LAUNCH_FORK_SERVER", fork_server)
+    workers_left = notebook_functions()["workers_left"]
+    with launch.Pool(2, backend="gloo") as pool:
+        assert set(pool.pids) <= set(own_workers()) and set(pool.pids) <= set(workers_left())
+    assert own_workers() == [] and workers_left() == []
 
 
 # ------------------------------------------------------------------------------- the notebook's conventions

@@ -19,8 +19,9 @@ import traceback
 from typing import Any
 
 from . import procs, stacks
-from .env import group_environment, rank_environment
+from .env import group_environment, rank_environment, use_fork_server
 from .errors import LaunchError, WorkerError, WorkerTimeout, describe_other, first_failure, signal_name
+from .forkserver import ForkServer
 from .output import RankOutput, flush
 from .pickling import loads_on_cpu
 from .transport import FrameReader, Outbox, encode, widen_pipe
@@ -65,10 +66,10 @@ class Group:
         self.port = sock.getsockname()[1]
         self.store = dist.TCPStore("127.0.0.1", self.port, world_size=nproc + 1, is_master=True,
                                    wait_for_workers=False, master_listen_fd=sock.detach(), use_libuv=True)
+        self.server: ForkServer | None = None
         try:
             env = group_environment(nproc, self.port, backend, gpus)
-            for rank in range(nproc):
-                self._spawn(rank, env)
+            self._start(env, forked=use_fork_server(gpus))
         except BaseException:
             self.kill()
             raise
@@ -85,22 +86,34 @@ class Group:
     def pids(self) -> list[int]:
         return [r.proc.pid for r in self.ranks]
 
-    def _spawn(self, rank: int, env: dict[str, str]) -> None:
-        (cmd_r, cmd_w), (res_r, res_w), (stk_r, stk_w) = os.pipe(), os.pipe(), os.pipe()
+    def _start(self, env: dict[str, str], forked: bool) -> None:
+        """Start every rank: all forked by one fork server (CPU ranks), or each as a fresh interpreter."""
+        pipes: list[tuple[int, ...]] = []  # per rank: cmd (read, write), result (read, write), stack (read, write)
         try:
-            widen_pipe(cmd_w)
-            widen_pipe(res_r)
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "course_utils.launch.worker"],
-                env=rank_environment(env, rank, {"cmd": cmd_r, "result": res_w, "stack": stk_w}),
-                pass_fds=(cmd_r, res_w, stk_w), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE, start_new_session=True)
+            for _ in range(self.nproc):
+                pipes.append(os.pipe() + os.pipe() + os.pipe())
+                widen_pipe(pipes[-1][1])
+                widen_pipe(pipes[-1][2])
+            if forked:
+                self.server = ForkServer(env, [_theirs(fds) for fds in pipes])
+            for rank, fds in enumerate(pipes):
+                if forked:
+                    proc = self.server.ranks[rank]
+                else:
+                    proc = subprocess.Popen(
+                        [sys.executable, "-m", "course_utils.launch.worker"],
+                        env=rank_environment(env, rank, _theirs(fds)), pass_fds=tuple(_theirs(fds).values()),
+                        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                        start_new_session=True)
+                _close(list(_theirs(fds).values()))  # the rank holds its own copies now
+                self._add(rank, proc, fds)
         except BaseException:
-            for fd in (cmd_r, cmd_w, res_r, res_w, stk_r, stk_w):
-                os.close(fd)
+            _close([fd for fds in pipes[len(self.ranks):] for fd in fds])  # the added ones kill() closes
             raise
-        for fd in (cmd_r, res_w, stk_w):
-            os.close(fd)
+
+    def _add(self, rank: int, proc, fds: tuple[int, ...]) -> None:
+        """Serve a started rank: its output and results read by the select loop, its commands written by it."""
+        cmd_w, res_r, stk_r = fds[1], fds[2], fds[4]
         r = _Rank(rank, proc, cmd_w, res_r, stk_r)
         self.ranks.append(r)
         for fd in (r.out_fd, r.err_fd, r.res_fd, r.cmd_fd, r.stack_fd):
@@ -327,6 +340,8 @@ class Group:
             procs.kill_group(r.proc)  # each worker leads its own session: its group holds all it started
         for r in self.ranks:
             r.proc.wait()
+        if self.server is not None:
+            self.server.close()  # (done already by the waits above, unless no rank got started)
         if not quiet:
             for r in self.ranks:
                 self.drain(r)  # print what they said before they went
@@ -349,6 +364,19 @@ class Group:
         self.ranks = []
         self.sel.close()
         self.store = None  # closes the listening socket
+
+
+def _theirs(fds: tuple[int, ...]) -> dict[str, int]:
+    """A rank's ends of its three pipes (the others are the parent's)."""
+    return {"cmd": fds[0], "result": fds[3], "stack": fds[5]}
+
+
+def _close(fds: list[int]) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
 
 
 def _local_error(message: str, exc: BaseException) -> dict:

@@ -15,6 +15,8 @@ def exit_code(proc: subprocess.Popen) -> int | None:
     """The child's exit code (negative: killed by that signal) without reaping it; None while it runs."""
     if proc.returncode is not None:
         return proc.returncode
+    if not isinstance(proc, subprocess.Popen):  # a rank of a fork server (forkserver.py): the server knows
+        return proc.poll()
     try:
         info = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
     except ChildProcessError:  # reaped elsewhere (cannot happen for our own Popen objects; be safe)

@@ -26,15 +26,21 @@ from .pickling import dumps_on_cpu, loads_on_cpu
 from .transport import read_frame, write_frame
 
 
-def _die_with_parent(parent_pid: int, use_pdeathsig: bool) -> None:
-    """Never outlive the launching process (a dead kernel must not keep GPU memory or ports)."""
-    if use_pdeathsig and sys.platform.startswith("linux"):
-        # PR_SET_PDEATHSIG fires when the parent *thread* exits, so the parent asks for it only when it
-        # launches from its main thread; the watchdog below covers every other case.
+def die_with_parent_thread() -> None:
+    """SIGKILL this process when the thread that started it exits (Linux; elsewhere nothing)."""
+    if sys.platform.startswith("linux"):
         try:
             ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 == PR_SET_PDEATHSIG
         except OSError:
             pass
+
+
+def _die_with_parent(parent_pid: int, use_pdeathsig: bool) -> None:
+    """Never outlive the launching process (a dead kernel must not keep GPU memory or ports)."""
+    if use_pdeathsig:
+        # PR_SET_PDEATHSIG fires when the parent *thread* exits, so the parent asks for it only when it
+        # launches from its main thread; the watchdog below covers every other case.
+        die_with_parent_thread()
 
     def watchdog() -> None:
         while True:
@@ -173,7 +179,7 @@ def main() -> int:
     return 0
 
 
-def _exit_fast(code: int) -> None:
+def exit_fast(code: int) -> None:
     """Exit without tearing torch's modules down one by one, which takes about a second.
 
     atexit handlers still run and the standard streams are flushed; what is skipped is the module
@@ -191,4 +197,4 @@ def _exit_fast(code: int) -> None:
 
 
 if __name__ == "__main__":
-    _exit_fast(main())
+    exit_fast(main())

@@ -1,0 +1,86 @@
+"""CPU ranks are forked by one fork server per launch (course_utils/launch/forkserver.py): they must still
+look like fresh interpreters (own session, own RANK, own random seeds), report how they ended, and leave
+nothing behind; a server that cannot start is a clear error. GPU ranks start fresh (test_launch_gpu.py)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from course_utils import launch
+from course_utils.launch import LaunchError, WorkerError
+from tests.launch_helpers import assert_clean, cell_function, snapshot, tcpstore_warmed  # noqa: F401
+
+WHO = cell_function("""
+    import os
+    import random
+    import torch
+
+    def who():
+        return {"pid": os.getpid(), "ppid": os.getppid(), "sid": os.getsid(0), "rank": os.environ["RANK"],
+                "local_rank": os.environ["LOCAL_RANK"], "seed": torch.initial_seed(), "rand": torch.rand(1).item(),
+                "random": random.random(), "fds": sorted(int(fd) for fd in os.listdir("/proc/self/fd"))}
+""", "who")
+
+
+@pytest.mark.timeout(120)
+def test_forked_ranks_look_like_fresh_interpreters(monkeypatch):
+    before = snapshot()
+    monkeypatch.setenv("COURSE_LAUNCH_FORK_SERVER", "0")
+    fresh = launch.run(WHO, nproc=3, backend="gloo")
+    monkeypatch.setenv("COURSE_LAUNCH_FORK_SERVER", "1")
+    forked = launch.run(WHO, nproc=3, backend="gloo")
+    assert {r["ppid"] for r in fresh.values()} == {os.getpid()}
+    parents = {r["ppid"] for r in forked.values()}
+    assert len(parents) == 1 and parents != {os.getpid()}  # one server forked them all
+    for seen in (fresh, forked):
+        for rank, r in seen.items():
+            assert r["sid"] == r["pid"]  # each leads its own session: killpg reaches all it starts
+            assert r["rank"] == r["local_rank"] == str(rank)
+        # a fresh interpreter seeds torch's and Python's generators from the OS: no two ranks share them
+        for key in ("seed", "rand", "random"):
+            assert len({r[key] for r in seen.values()}) == 3, key
+    # no forked rank holds another rank's pipes or the server's: the same open files as a fresh one
+    assert [r["fds"] for r in forked.values()] == [r["fds"] for r in fresh.values()]
+    assert_clean(before)
+
+
+@pytest.mark.timeout(60)
+def test_a_rank_killed_by_a_signal_is_named_with_it():
+    killed = cell_function("""
+        import os
+        import signal
+        import torch.distributed as dist
+
+        def killed():
+            if dist.get_rank() == 1:
+                os.kill(os.getpid(), signal.SIGKILL)
+            dist.barrier()
+    """, "killed")
+    before = snapshot()
+    with pytest.raises(WorkerError, match=r"rank 1 exited with code -9 \(SIGKILL\)"):
+        launch.run(killed, nproc=2, backend="gloo", timeout=30)
+    assert_clean(before)
+
+
+@pytest.mark.timeout(60)
+def test_a_fork_server_that_cannot_start_says_why(tmp_path, monkeypatch):
+    fake = tmp_path / "torch"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("raise ImportError('this torch is broken on purpose')\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))  # the ranks' interpreters find this torch first
+    before = snapshot()
+    with pytest.raises(LaunchError, match="fork server") as info:
+        launch.run(WHO, nproc=2, backend="gloo", timeout=30)
+    assert "this torch is broken on purpose" in str(info.value)
+    assert_clean(before)
+
+
+def test_only_cpu_ranks_are_forked(monkeypatch):
+    from course_utils.launch.env import use_fork_server
+
+    assert use_fork_server(gpus=False) and not use_fork_server(gpus=True)
+    monkeypatch.setenv("COURSE_LAUNCH_FORK_SERVER", "0")
+    assert not use_fork_server(gpus=False)
+
