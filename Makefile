@@ -12,7 +12,7 @@ else
 SETUP :=
 endif
 
-.PHONY: lab lab-instructor reset-notebook test test-gpu test-gpu-tests test-gpu-tests-1 test-gpu-tests-2 test-gpu-tests-3 test-gpu-notebooks test-gpu-notebooks-1 test-gpu-notebooks-2 lint unit notebooks clean
+.PHONY: lab lab-instructor reset-notebook test test-gpu test-gpu-tests test-gpu-tests-1 test-gpu-tests-2 test-gpu-tests-3 test-gpu-tests-4 test-gpu-notebooks test-gpu-notebooks-1 test-gpu-notebooks-2 lint unit notebooks clean
 
 $(VENV)/.installed: pyproject.toml launch/setup_env.sh
 	VENV=$(VENV) bash launch/setup_env.sh
@@ -37,19 +37,21 @@ lint: $(SETUP)
 test: lint
 	$(PY) -m pytest -n $(JOBS) --dist loadgroup --durations=30 tests --nbmake notebooks
 
-# Same suite on a GPU box; any test or exercise skipped for want of a GPU is a failure. In five parts, each
+# Same suite on a GPU box; any test or exercise skipped for want of a GPU is a failure. In six parts, each
 # meant to stay under 10 minutes (one command's limit on the lent GPU machines): every test and notebook that
 # times the GPU holds every GPU alone, so a part's GPU work runs one piece after another. Parts 2 and 3 hold the
 # tests that start ranks (2: the launcher and lessons 05-07; 3: lessons 08-10, DDP training, Slurm, the browser
-# and the lab; together they took 575 s on 4xH100 at JOBS=8, too close to the limit as one part); part 1 every
-# other test file; then the notebooks in two parts. A notebook that a GPU test already executes live is not
-# executed twice (tests/conftest.py).
+# and the lab; together they took 575 s on 4xH100 at JOBS=8, too close to the limit as one part); part 4 the
+# grader and the exercises' solutions and wrong answers; part 1 every other test file (with part 4 it took 454 s
+# on one H100 at JOBS=8 and over 600 s on a slower one); then the notebooks in two parts. A notebook that a GPU
+# test already executes live is not executed twice (tests/conftest.py).
 # Notebook-only runs load tests/conftest.py as a plugin (-p): pytest loads a conftest only for the folders it
 # collects, and without it notebooks would share the GPUs and strays would go unnoticed.
 GPU_TESTS_2 := $(wildcard tests/test_launch*.py tests/test_lesson0[5-7]_*.py)
 GPU_TESTS_3 := $(wildcard tests/test_lesson0[8-9]_*.py tests/test_lesson10_*.py tests/test_train_ddp.py \
                           tests/test_slurm.py tests/test_browser.py tests/test_lab.py)
-GPU_TESTS_1 := $(filter-out $(GPU_TESTS_2) $(GPU_TESTS_3),$(wildcard tests/test_*.py))
+GPU_TESTS_4 := $(wildcard tests/test_grade*.py tests/test_exercises_*.py)
+GPU_TESTS_1 := $(filter-out $(GPU_TESTS_2) $(GPU_TESTS_3) $(GPU_TESTS_4),$(wildcard tests/test_*.py))
 GPU_PYTEST  := COURSE_REQUIRE_GPU=1 $(PY) -m pytest -n $(JOBS) --dist loadgroup --durations=30
 
 NB_PYTEST   := -p tests.conftest --nbmake
@@ -58,7 +60,7 @@ GPU_NOTEBOOKS_2 := $(filter-out $(GPU_NOTEBOOKS_1),$(wildcard notebooks/*.ipynb)
 
 test-gpu: test-gpu-tests test-gpu-notebooks
 
-test-gpu-tests: test-gpu-tests-1 test-gpu-tests-2 test-gpu-tests-3
+test-gpu-tests: test-gpu-tests-1 test-gpu-tests-2 test-gpu-tests-3 test-gpu-tests-4
 
 test-gpu-tests-1: $(SETUP)
 	$(GPU_PYTEST) $(GPU_TESTS_1)
@@ -68,6 +70,9 @@ test-gpu-tests-2: $(SETUP)
 
 test-gpu-tests-3: $(SETUP)
 	$(GPU_PYTEST) $(GPU_TESTS_3)
+
+test-gpu-tests-4: $(SETUP)
+	$(GPU_PYTEST) $(GPU_TESTS_4)
 
 test-gpu-notebooks: test-gpu-notebooks-1 test-gpu-notebooks-2
 

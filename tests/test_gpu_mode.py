@@ -14,6 +14,13 @@ from tests.conftest import is_gpu_skip
 
 ROOT = Path(__file__).resolve().parents[1]
 
+
+def nested_env(**extra: str) -> dict[str, str]:
+    """The environment for a pytest run inside a test: this run's PYTEST_ADDOPTS (a --junitxml, say) left out,
+    or the inner run would write this run's report over."""
+    return {**{k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}, **extra}
+
+
 SAMPLE = '''
 import pytest
 
@@ -34,7 +41,7 @@ def test_gpu_skip_reasons():
 def test_require_gpu_turns_gpu_skips_into_failures(tmp_path, require):
     (tmp_path / "test_sample.py").write_text(SAMPLE)
     (tmp_path / "conftest.py").write_text((ROOT / "tests" / "conftest.py").read_text())
-    env = {**os.environ, "COURSE_REQUIRE_GPU": require}
+    env = nested_env(COURSE_REQUIRE_GPU=require)
     res = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
@@ -69,7 +76,7 @@ def test_loadgroup_keeps_a_file_in_one_worker(tmp_path):
         (tmp_path / name).write_text(SCOPED)
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "2", "--dist", "loadgroup", "-p",
                            "no:cacheprovider", str(tmp_path)], capture_output=True, text=True, cwd=tmp_path,
-                          timeout=120)
+                          env=nested_env(), timeout=120)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     builds = (tmp_path / "builds.txt").read_text().split()
     assert sorted(builds) == ["test_a", "test_b", "test_c"], builds  # three, not one per worker per file
@@ -87,7 +94,7 @@ def _run_with_our_conftest(tmp_path, tests: str, workers: int) -> subprocess.Com
     """pytest -n workers on a file of tests, with this suite's conftest and an exit grace of 2 s."""
     (tmp_path / "test_sample.py").write_text(tests)
     (tmp_path / "conftest.py").write_text((ROOT / "tests" / "conftest.py").read_text())
-    env = {**os.environ, "COURSE_WORKER_EXIT_GRACE_S": "2"}
+    env = nested_env(COURSE_WORKER_EXIT_GRACE_S="2")
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", str(workers), str(tmp_path)],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
@@ -136,7 +143,7 @@ def test_a_process_left_running_is_named_and_ended(tmp_path):
     (tmp_path / "test_sample.py").write_text(LEAVES_AN_ORPHAN)
     (tmp_path / "conftest.py").write_text((ROOT / "tests" / "conftest.py").read_text())
     res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "1", str(tmp_path)],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
+                         cwd=tmp_path, env=nested_env(), capture_output=True, text=True, timeout=120)
     out = res.stdout + res.stderr
     assert "processes left running by the tests, now killed" in out and "# orphan" in out, out[-3000:]
     left = [p for p in psutil.process_iter(["cmdline"])
@@ -204,7 +211,7 @@ def test_a_notebook_only_run_loads_the_conftest_as_make_runs_it(tmp_path):
     flags = re.search(r"^NB_PYTEST\s*:=\s*(.+)$", make, re.M).group(1).split()
     assert flags == ["-p", "tests.conftest", "--nbmake"]
     assert make.count("$(NB_PYTEST)") == 3 and "--nbmake notebooks" not in make.replace("tests --nbmake notebooks", "")
-    env = {k: v for k, v in os.environ.items() if k != "COURSE_TEST_SESSION"}
+    env = {k: v for k, v in nested_env().items() if k != "COURSE_TEST_SESSION"}
     res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *flags, str(nb)],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0 and "1 passed" in res.stdout, res.stdout[-3000:]
@@ -223,5 +230,5 @@ def test_the_gpu_test_parts_hold_every_test_file_once():
                          check=True).stdout.splitlines()
     runs = [[w for w in line.split() if w.startswith("tests/test_")] for line in dry if "pytest" in line]
     files = [f for run in runs for f in run]
-    assert len(runs) == 3 and all(runs)
+    assert len(runs) == 4 and all(runs)
     assert sorted(files) == sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_*.py"))

@@ -4,6 +4,7 @@ of a GPU): an unsolved exercise raises NotImplementedError, a wrong one makes it
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -33,7 +34,8 @@ def test_nbmake_passes_exactly_when_every_exercise_does(tmp_path):
     shutil.copy(MASTER.parent / "fixture_checks.py", tmp_path)
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--nbmake", "--nbmake-timeout=120",
            "--junitxml=report.xml", *[f"{name}.ipynb" for name in notebooks]]
-    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}  # the outer run's options stay out
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     report = ET.parse(tmp_path / "report.xml").getroot()
     outcome = {}
     for case in report.iter("testcase"):
