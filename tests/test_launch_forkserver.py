@@ -84,3 +84,24 @@ def test_only_cpu_ranks_are_forked(monkeypatch):
     monkeypatch.setenv("COURSE_LAUNCH_FORK_SERVER", "0")
     assert not use_fork_server(gpus=False)
 
+
+
+@pytest.mark.timeout(60)
+def test_a_fork_server_killed_under_a_pool_ends_its_ranks_and_is_reported():
+    import signal
+
+    import psutil
+
+    before = snapshot()
+    pool = launch.Pool(2, backend="gloo")
+    try:
+        server = {psutil.Process(pid).ppid() for pid in pool.pids}
+        assert len(server) == 1
+        os.kill(server.pop(), signal.SIGKILL)  # its ranks die with it (PR_SET_PDEATHSIG)
+        with pytest.raises(WorkerError, match="exited with code -9"):
+            pool.run(WHO)
+        group = pool._group
+        assert group is None or all(r.proc.returncode is not None for r in group.ranks)  # never signalled again
+    finally:
+        pool.close()
+    assert_clean(before)

@@ -128,12 +128,17 @@ class ForkServer:
 
     def update(self) -> None:
         """Take in the exits the server has reported so far; never blocks."""
-        while self.status_fd is not None and self._read():
-            pass
+        eof = False
+        while self.status_fd is not None and (n := self._read()) is not None:
+            if n == 0:
+                eof = True
+                break
         *lines, self.buffer = self.buffer.split(b"\n")
         for line in lines:
             _, index, code = line.split()
             self.ranks[int(index)].status = int(code)
+        if eof and not self.closed:  # the server is gone before being closed (killed): its ranks went with it,
+            self.close()  # and someone else may reap them, so their pids must never be signalled from here on
 
     def _kill(self) -> None:
         """Kill the server; its ranks follow (PR_SET_PDEATHSIG, or their watchdog)."""
