@@ -4,7 +4,8 @@ VENV     ?= .venv
 PY       ?= $(VENV)/bin/python
 LAB_PORT ?= 8888
 LAB_WORKSPACE ?= workspace
-JOBS     ?= 2
+# pytest workers: 3 on CI's 2 cores, as the tests wait (timeouts, hangs, grace periods) part of the time
+JOBS     ?= 3
 
 ifeq ($(PY),$(VENV)/bin/python)
 SETUP := $(VENV)/.installed
