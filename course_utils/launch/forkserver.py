@@ -28,6 +28,8 @@ import signal
 import sys
 import time
 
+from .procs import pid_exit_code
+
 SPEC = "COURSE_FORKSERVER_SPEC"  # json: the status pipe's fd and each rank's fds (out, err, cmd, result, stack)
 START_TIMEOUT = 300.0  # seconds the server may take to import torch and fork (a loaded machine is slow)
 CLOSE_TIMEOUT = 10.0  # seconds the server gets to reap its ranks before it is killed
@@ -212,14 +214,6 @@ def _become_rank(index: int, spec: dict, server: int) -> None:
                       COURSE_LAUNCH_PDEATHSIG="1")  # the server forks from its main (and only) thread
 
 
-def _exit_code(pid: int) -> int | None:
-    """A child's exit code without reaping it (negative: killed by that signal); None while it runs."""
-    info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-    if info is None:
-        return None
-    return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
-
-
 def _serve(status: int, pids: list[int], launcher: int) -> None:
     """Report each rank's exit as it happens, without reaping; on "close" (or the launcher gone) stop and reap."""
     reported: set[int] = set()
@@ -231,7 +225,7 @@ def _serve(status: int, pids: list[int], launcher: int) -> None:
     while True:
         asked = select.select([0], [], [], 0.05)[0]  # "close", or EOF: the launcher is done
         for index, pid in enumerate(pids):
-            if index not in reported and (code := _exit_code(pid)) is not None:
+            if index not in reported and (code := pid_exit_code(pid)) is not None:
                 report(index, code)
         if asked or os.getppid() != launcher:
             break

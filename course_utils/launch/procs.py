@@ -18,11 +18,16 @@ def exit_code(proc: subprocess.Popen) -> int | None:
     if not isinstance(proc, subprocess.Popen):  # a rank of a fork server (forkserver.py): the server knows
         return proc.poll()
     try:
-        info = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        return pid_exit_code(proc.pid)
     except ChildProcessError:  # reaped elsewhere (cannot happen for our own Popen objects; be safe)
         return proc.poll()
     except AttributeError:  # no waitid on this platform: poll reaps, and signalling stops once it has
         return proc.poll()
+
+
+def pid_exit_code(pid: int) -> int | None:
+    """Child pid's exit code without reaping it (negative: killed by that signal); None while it runs."""
+    info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
     if info is None:
         return None
     return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
