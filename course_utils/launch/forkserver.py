@@ -130,17 +130,19 @@ class ForkServer:
 
     def update(self) -> None:
         """Take in the exits the server has reported so far; never blocks."""
-        eof = False
-        while self.status_fd is not None and (n := self._read()) is not None:
-            if n == 0:
-                eof = True
-                break
+        n = None
+        while self.status_fd is not None and (n := self._read()):
+            pass
+        self._take_exits()
+        if n == 0 and not self.closed:  # EOF: the server is gone before being closed (killed); its ranks went with
+            self.close()  # it and someone else may reap them, so their pids must never be signalled from here on
+
+    def _take_exits(self) -> None:
+        """Each whole "exit INDEX CODE" line in the buffer sets that rank's status."""
         *lines, self.buffer = self.buffer.split(b"\n")
         for line in lines:
             _, index, code = line.split()
             self.ranks[int(index)].status = int(code)
-        if eof and not self.closed:  # the server is gone before being closed (killed): its ranks went with it,
-            self.close()  # and someone else may reap them, so their pids must never be signalled from here on
 
     def _kill(self) -> None:
         """Kill the server; its ranks follow (PR_SET_PDEATHSIG, or their watchdog)."""
@@ -169,7 +171,7 @@ class ForkServer:
             os.set_blocking(self.status_fd, True)  # the server has exited: its last reports, then EOF
             while self._read():
                 pass
-            self.update()
+            self._take_exits()
             os.close(self.status_fd)
             self.status_fd = None
         for r in self.ranks:  # one it could not report on died with it
