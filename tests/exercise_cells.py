@@ -6,7 +6,11 @@ in this process), for lesson tests that want the grader's verdict rather than th
 
 from __future__ import annotations
 
+import contextlib
+import io
 from pathlib import Path
+
+from tests.kernel_start import retrying_kernel_start
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -40,12 +44,29 @@ def run_cells(sources: list[str]) -> tuple[str, str | None]:
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     error = None
     try:
-        NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(ROOT)}}).execute()
+        retrying_kernel_start(NotebookClient(nb, timeout=300, kernel_name="python3",
+                                             resources={"metadata": {"path": str(ROOT)}}).execute, "run_cells")()
     except CellExecutionError as exc:
         error = exc.ename
     outs = nb.cells[-1].get("outputs", [])
     text = "".join(o.get("text", "") for o in outs) + "".join(o.get("evalue", "") for o in outs)
     return text, error
+
+
+def run_in_process(sources: list[str], module: str, extra: str = "") -> tuple[str, str | None]:
+    """Like run_cells, in this process (no kernel start), as module `module` (a name nothing can import, so
+    cloudpickle ships the learner's functions and classes to ranks by value): the last cell's output and error
+    name. `extra` runs after the setup and solution cells (to change a parameter), before the check cell."""
+    ns: dict = {"__name__": module}
+    out = io.StringIO()
+    for src in sources[:-1] + ([extra] if extra else []):
+        exec(compile(src, "<cell>", "exec"), ns)
+    try:
+        with contextlib.redirect_stdout(out):
+            exec(compile(sources[-1], "<check cell>", "exec"), ns)
+    except Exception as err:  # noqa: BLE001 - the error's name is the verdict
+        return out.getvalue() + str(err), type(err).__name__
+    return out.getvalue(), None
 
 
 def grade_answers(master: str | Path, answers: dict[str, str], grader=None):

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import nbformat
+import pytest
 
 from tests.test_gpu_mode import nested_env
 
@@ -68,3 +69,35 @@ def test_a_kernel_that_dies_in_a_cell_is_not_started_again(tmp_path):
     out = res.stdout + res.stderr
     assert res.returncode == 1 and "1 failed" in out, out[-3000:]
     assert starts == 1
+
+
+def test_only_a_kernel_that_died_before_its_first_cell_is_started_again():
+    import warnings
+
+    from tests.kernel_start import KERNEL_START_FAILED, retrying_kernel_start
+
+    def failing(*errors):
+        calls = []
+
+        def run():
+            calls.append(1)
+            if len(calls) <= len(errors):
+                raise errors[len(calls) - 1]
+            return "ran"
+        return run, calls
+
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        run, calls = failing(RuntimeError(KERNEL_START_FAILED), RuntimeError(KERNEL_START_FAILED))
+        assert retrying_kernel_start(run, "nb")() == "ran" and len(calls) == 3
+    assert [str(w.message).split(";")[0] for w in said] == ["nb: the Jupyter kernel died before it ran a cell "
+                                                            f"({KERNEL_START_FAILED})"] * 2
+    for other in (RuntimeError("Kernel didn't respond in 60 seconds"), ValueError(KERNEL_START_FAILED)):
+        run, calls = failing(other)
+        with pytest.raises(type(other)):
+            retrying_kernel_start(run, "nb")()
+        assert len(calls) == 1
+    run, calls = failing(*[RuntimeError(KERNEL_START_FAILED)] * 3)
+    with pytest.warns(UserWarning), pytest.raises(RuntimeError, match=KERNEL_START_FAILED):
+        retrying_kernel_start(run, "nb")()
+    assert len(calls) == 3

@@ -4,8 +4,7 @@ the notebook measured (live on a GPU, or its reference recording)."""
 
 from __future__ import annotations
 
-import contextlib
-import io
+import functools
 import json
 import random
 import re
@@ -16,7 +15,7 @@ import torch
 
 from course_utils import checks, reference
 from course_utils.checks import streams as c02
-from tests.exercise_cells import exercise_cells, run_cells
+from tests.exercise_cells import exercise_cells, run_cells, run_in_process
 
 pytestmark = pytest.mark.gpu_timing  # on a GPU box every test here holds the GPU alone (conftest)
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,18 +31,7 @@ def notebook() -> dict:
     return json.loads(NOTEBOOK.read_text())
 
 
-def run_here(sources: list[str]) -> tuple[str, str | None]:
-    """Like exercise_cells.run_cells, in this process (no kernel start): the last cell's output and error name."""
-    ns: dict = {"__name__": "__lesson02__"}
-    out = io.StringIO()
-    for src in sources[:-1]:
-        exec(compile(src, "<cell>", "exec"), ns)
-    try:
-        with contextlib.redirect_stdout(out):
-            exec(compile(sources[-1], "<check cell>", "exec"), ns)
-    except Exception as err:  # noqa: BLE001 - the error's name is the verdict
-        return out.getvalue() + str(err), type(err).__name__
-    return out.getvalue(), None
+run_here = functools.partial(run_in_process, module="__lesson02__")
 
 
 def wrong(ex: str) -> list[Path]:

@@ -5,8 +5,7 @@ or its reference recording)."""
 
 from __future__ import annotations
 
-import contextlib
-import io
+import functools
 import json
 import random
 import re
@@ -17,7 +16,7 @@ import torch
 
 from course_utils import bench, checks, launch, reference
 from course_utils.checks import collectives as c06
-from tests.exercise_cells import exercise_cells, run_cells
+from tests.exercise_cells import exercise_cells, run_cells, run_in_process
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "06_collectives.ipynb"
@@ -32,18 +31,7 @@ def notebook() -> dict:
     return json.loads(NOTEBOOK.read_text())
 
 
-def run_here(sources: list[str]) -> tuple[str, str | None]:
-    """Like exercise_cells.run_cells, in this process (no kernel start): the last cell's output and error name."""
-    ns: dict = {"__name__": "__lesson06__"}
-    out = io.StringIO()
-    for src in sources[:-1]:
-        exec(compile(src, "<cell>", "exec"), ns)
-    try:
-        with contextlib.redirect_stdout(out):
-            exec(compile(sources[-1], "<check cell>", "exec"), ns)
-    except Exception as err:  # noqa: BLE001 - the error's name is the verdict
-        return out.getvalue() + str(err), type(err).__name__
-    return out.getvalue(), None
+run_here = functools.partial(run_in_process, module="__lesson06__")
 
 
 def answer_function(notebook: dict, ex: str, replacement: str | None, name: str):

@@ -5,8 +5,7 @@ master's ring on NCCL, the notebook's facts and benchmarks/ring_vs_nccl.py."""
 
 from __future__ import annotations
 
-import contextlib
-import io
+import functools
 import json
 import random
 import re
@@ -19,7 +18,7 @@ import torch
 
 from course_utils import checks, launch, reference
 from course_utils.checks import ring as c07
-from tests.exercise_cells import exercise_cells, run_cells
+from tests.exercise_cells import exercise_cells, run_cells, run_in_process
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "07_ring_allreduce.ipynb"
@@ -34,19 +33,7 @@ def notebook() -> dict:
     return json.loads(NOTEBOOK.read_text())
 
 
-def run_here(sources: list[str], extra: str = "") -> tuple[str, str | None]:
-    """Like exercise_cells.run_cells, in this process (no kernel start): the last cell's output and error name.
-    `extra` runs after the setup and solution cells (to change a parameter), before the check cell."""
-    ns: dict = {"__name__": "__lesson07__"}
-    out = io.StringIO()
-    for src in sources[:-1] + ([extra] if extra else []):
-        exec(compile(src, "<cell>", "exec"), ns)
-    try:
-        with contextlib.redirect_stdout(out):
-            exec(compile(sources[-1], "<check cell>", "exec"), ns)
-    except Exception as err:  # noqa: BLE001 - the error's name is the verdict
-        return out.getvalue() + str(err), type(err).__name__
-    return out.getvalue(), None
+run_here = functools.partial(run_in_process, module="__lesson07__")
 
 
 def wrong(ex: str) -> list[Path]:

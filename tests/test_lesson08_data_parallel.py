@@ -6,8 +6,7 @@ its reference recording)."""
 from __future__ import annotations
 
 import ast
-import contextlib
-import io
+import functools
 import json
 import random
 import re
@@ -19,7 +18,7 @@ import torch
 from course_utils import checks, launch, reference
 from course_utils.checks import data_parallel as c08
 from course_utils.grading import release
-from tests.exercise_cells import run_cells
+from tests.exercise_cells import run_cells, run_in_process
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "08_overlap_and_bucketing.ipynb"
@@ -59,18 +58,7 @@ def exercise_program(nb: dict, ex: str, wrong: str | None) -> list[str]:
     return setup + ["".join(cells[grade.index(f"{ex}_solution")]["source"]), "".join(cells[grade.index(ex)]["source"])]
 
 
-def run_here(sources: list[str]) -> tuple[str, str | None]:
-    """Cells executed in this process (no kernel to start): the last cell's output and its error's name."""
-    ns: dict = {"__name__": "__lesson08__"}  # not importable: cloudpickle ships the learner's class by value
-    out = io.StringIO()
-    for src in sources[:-1]:
-        exec(compile(src, "<cell>", "exec"), ns)
-    try:
-        with contextlib.redirect_stdout(out):
-            exec(compile(sources[-1], "<check cell>", "exec"), ns)
-    except Exception as err:  # noqa: BLE001 - the error's name is the verdict
-        return out.getvalue() + str(err), type(err).__name__
-    return out.getvalue(), None
+run_here = functools.partial(run_in_process, module="__lesson08__")
 
 
 def wrong(ex: str) -> list[Path]:

@@ -4,8 +4,7 @@ the probes start two gloo ranks)."""
 
 from __future__ import annotations
 
-import contextlib
-import io
+import functools
 import json
 import re
 from pathlib import Path
@@ -15,7 +14,7 @@ import torch
 
 from course_utils import checks, reference
 from course_utils.checks import ddp as c09
-from tests.exercise_cells import exercise_cells, run_cells
+from tests.exercise_cells import exercise_cells, run_cells, run_in_process
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "09_ddp.ipynb"
@@ -30,18 +29,7 @@ def notebook() -> dict:
     return json.loads(NOTEBOOK.read_text())
 
 
-def run_here(sources: list[str]) -> tuple[str, str | None]:
-    """Setup, solution and check cells in this process (no kernel start): the check's output and error name."""
-    ns: dict = {"__name__": "__lesson09__"}
-    out = io.StringIO()
-    for src in sources[:-1]:
-        exec(compile(src, "<cell>", "exec"), ns)
-    try:
-        with contextlib.redirect_stdout(out):
-            exec(compile(sources[-1], "<check cell>", "exec"), ns)
-    except Exception as err:  # noqa: BLE001 - the error's name is the verdict
-        return out.getvalue() + str(err), type(err).__name__
-    return out.getvalue(), None
+run_here = functools.partial(run_in_process, module="__lesson09__")
 
 
 def wrong(ex: str) -> list[Path]:
