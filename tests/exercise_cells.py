@@ -10,7 +10,7 @@ import contextlib
 import io
 from pathlib import Path
 
-from tests.kernel_start import retrying_kernel_start
+from tests.conftest import retrying_kernel_start
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -74,7 +74,7 @@ def test_a_kernel_that_dies_in_a_cell_is_not_started_again(tmp_path):
 def test_only_a_kernel_that_died_before_its_first_cell_is_started_again():
     import warnings
 
-    from tests.kernel_start import KERNEL_START_FAILED, retrying_kernel_start
+    from tests.conftest import KERNEL_START_FAILED, retrying_kernel_start
 
     def failing(*errors):
         calls = []

@@ -110,9 +110,14 @@ def test_a_fork_server_killed_under_a_pool_ends_its_ranks_and_is_reported():
     before = snapshot()
     pool = launch.Pool(2, backend="gloo")
     try:
-        server = {psutil.Process(pid).ppid() for pid in pool.pids}
+        ranks = [psutil.Process(pid) for pid in pool.pids]
+        server = {r.ppid() for r in ranks}
         assert len(server) == 1
         os.kill(server.pop(), signal.SIGKILL)  # its ranks die with it (PR_SET_PDEATHSIG)
+        # once the kernel has torn the server down, which can take a while for a process holding torch: a rank
+        # still alive until then would answer the call below
+        _, alive = psutil.wait_procs(ranks, timeout=20)
+        assert not alive
         with pytest.raises(WorkerError, match="exited with code -9"):
             pool.run(WHO)
         group = pool._group
