@@ -44,8 +44,9 @@ def run_cells(sources: list[str]) -> tuple[str, str | None]:
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     error = None
     try:
-        retrying_kernel_start(NotebookClient(nb, timeout=300, kernel_name="python3",
-                                             resources={"metadata": {"path": str(ROOT)}}).execute, "run_cells")()
+        retrying_kernel_start(lambda: NotebookClient(nb, timeout=300, kernel_name="python3",
+                                                     resources={"metadata": {"path": str(ROOT)}}).execute(),
+                              "run_cells")()
     except CellExecutionError as exc:
         error = exc.ename
     outs = nb.cells[-1].get("outputs", [])
