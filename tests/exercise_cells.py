@@ -54,6 +54,18 @@ def run_cells(sources: list[str]) -> tuple[str, str | None]:
     return text, error
 
 
+def execute_notebook(notebook: Path, timeout: int) -> None:
+    """Execute a lesson notebook top to bottom in a fresh kernel, as benchmarks/record_references.py does (the kernel
+    inherits this process's environment: set reference.RECORD_ENV first to keep what it measured)."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    nb = nbformat.read(notebook, as_version=4)
+    retrying_kernel_start(lambda: NotebookClient(nb, timeout=timeout, kernel_name="python3",
+                                                 resources={"metadata": {"path": str(ROOT)}}).execute(),
+                          notebook.name)()
+
+
 def run_in_process(sources: list[str], module: str, extra: str = "") -> tuple[str, str | None]:
     """Like run_cells, in this process (no kernel start), as module `module` (a name nothing can import, so
     cloudpickle ships the learner's functions and classes to ranks by value): the last cell's output and error

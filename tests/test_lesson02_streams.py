@@ -15,7 +15,7 @@ import torch
 
 from course_utils import checks, reference
 from course_utils.checks import streams as c02
-from tests.exercise_cells import exercise_cells, run_cells, run_in_process
+from tests.exercise_cells import execute_notebook, exercise_cells, run_cells, run_in_process
 
 pytestmark = pytest.mark.gpu_timing  # on a GPU box every test here holds the GPU alone (conftest)
 ROOT = Path(__file__).resolve().parents[1]
@@ -370,12 +370,8 @@ def test_recording_holds_every_key_and_shows_the_facts(notebook):
 @pytest.mark.gpu
 def test_the_notebook_on_this_gpu_shows_the_facts(tmp_path, monkeypatch):
     """Execute the notebook as benchmarks/record_references.py does, then check every fact on what it measured."""
-    import nbformat
-    from nbclient import NotebookClient
-
     monkeypatch.setenv(reference.RECORD_ENV, str(tmp_path))  # inherited by the kernel
-    nb = nbformat.read(NOTEBOOK, as_version=4)
-    NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(ROOT)}}).execute()
+    execute_notebook(NOTEBOOK, timeout=600)
     data = json.loads((tmp_path / f"{STEM}.json").read_text())["data"]
     assert taken_keys(json.loads(NOTEBOOK.read_text())) <= set(data)
     print("\n" + "\n".join(check_facts(data)))

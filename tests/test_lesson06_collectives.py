@@ -16,7 +16,7 @@ import torch
 
 from course_utils import bench, checks, launch, reference
 from course_utils.checks import collectives as c06
-from tests.exercise_cells import exercise_cells, run_cells, run_in_process
+from tests.exercise_cells import execute_notebook, exercise_cells, run_cells, run_in_process
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "06_collectives.ipynb"
@@ -334,12 +334,8 @@ def test_recording_holds_every_key_and_shows_the_facts(notebook):
 @pytest.mark.multigpu
 def test_the_notebook_on_these_gpus_shows_the_facts(tmp_path, monkeypatch):
     """Execute the notebook as benchmarks/record_references.py does (NCCL on every GPU), then check its facts."""
-    import nbformat
-    from nbclient import NotebookClient
-
     monkeypatch.setenv(reference.RECORD_ENV, str(tmp_path))  # inherited by the kernel
-    nb = nbformat.read(NOTEBOOK, as_version=4)
-    NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(ROOT)}}).execute()
+    execute_notebook(NOTEBOOK, timeout=600)
     data = json.loads((tmp_path / f"{STEM}.json").read_text())["data"]
     assert taken_keys(json.loads(NOTEBOOK.read_text())) <= set(data)
     print("\n" + "\n".join(check_facts(data)))

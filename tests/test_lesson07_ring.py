@@ -18,7 +18,7 @@ import torch
 
 from course_utils import checks, launch, reference
 from course_utils.checks import ring as c07
-from tests.exercise_cells import exercise_cells, run_cells, run_in_process
+from tests.exercise_cells import execute_notebook, exercise_cells, run_cells, run_in_process
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "07_ring_allreduce.ipynb"
@@ -486,12 +486,8 @@ def test_recording_holds_every_key_and_shows_the_facts(notebook):
 @pytest.mark.skipif(N_GPUS < 2, reason="needs two GPUs or more")
 def test_the_notebook_on_gpus_shows_the_facts(tmp_path, monkeypatch):
     """Execute the notebook as benchmarks/record_references.py does, then check the facts on what it measured."""
-    import nbformat
-    from nbclient import NotebookClient
-
     monkeypatch.setenv(reference.RECORD_ENV, str(tmp_path))
-    nb = nbformat.read(NOTEBOOK, as_version=4)
-    NotebookClient(nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(ROOT)}}).execute()
+    execute_notebook(NOTEBOOK, timeout=900)
     data = json.loads((tmp_path / f"{STEM}.json").read_text())["data"]
     print("\n" + "\n".join(check_facts(data)))
 

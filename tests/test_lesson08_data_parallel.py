@@ -18,7 +18,7 @@ import torch
 from course_utils import checks, launch, reference
 from course_utils.checks import data_parallel as c08
 from course_utils.grading import release
-from tests.exercise_cells import run_cells, run_in_process
+from tests.exercise_cells import execute_notebook, run_cells, run_in_process
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "08_overlap_and_bucketing.ipynb"
@@ -540,12 +540,8 @@ def test_recording_holds_every_key_and_shows_the_facts(notebook):
 @pytest.mark.multigpu
 def test_the_notebook_on_two_gpus_shows_the_facts(tmp_path, monkeypatch):
     """Execute the notebook as benchmarks/record_references.py does, then check every fact on what it measured."""
-    import nbformat
-    from nbclient import NotebookClient
-
     monkeypatch.setenv(reference.RECORD_ENV, str(tmp_path))  # inherited by the kernel
-    nb = nbformat.read(NOTEBOOK, as_version=4)
-    NotebookClient(nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(ROOT)}}).execute()
+    execute_notebook(NOTEBOOK, timeout=900)
     data = json.loads((tmp_path / f"{STEM}.json").read_text())["data"]
     assert taken_keys(json.loads(NOTEBOOK.read_text())) <= set(data)
     print("\n" + "\n".join(check_facts(data["nvlink"], "nvlink") + check_facts(data["sockets"], "sockets")))
