@@ -50,7 +50,7 @@ class ForkedRank:
     def poll(self) -> int | None:
         """The exit code once the rank has exited; it stays unreaped (its pid ours) until the server closes."""
         self.server.update()
-        return self.status
+        return self.status if self.status is not None else self.returncode  # returncode: a server that died
 
     def wait(self) -> int:
         """Stop and reap every rank of the server (the launcher waits only for ranks it has stopped)."""
