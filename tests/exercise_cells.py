@@ -54,16 +54,16 @@ def run_cells(sources: list[str]) -> tuple[str, str | None]:
     return text, error
 
 
-def execute_notebook(notebook: Path, timeout: int) -> None:
-    """Execute a lesson notebook top to bottom in a fresh kernel, as benchmarks/record_references.py does (the kernel
-    inherits this process's environment: set reference.RECORD_ENV first to keep what it measured)."""
-    import nbformat
-    from nbclient import NotebookClient
+def execute_notebook(notebook: Path, record_dir: Path, timeout: int) -> None:
+    """Execute a lesson notebook top to bottom in a fresh kernel with benchmarks/record_references.py's own
+    `execute` (in the notebook's folder; what its Recorder measures is saved in record_dir), with the kernel-start
+    retry."""
+    import importlib.util
 
-    nb = nbformat.read(notebook, as_version=4)
-    retrying_kernel_start(lambda: NotebookClient(nb, timeout=timeout, kernel_name="python3",
-                                                 resources={"metadata": {"path": str(ROOT)}}).execute(),
-                          notebook.name)()
+    spec = importlib.util.spec_from_file_location("record_references", ROOT / "benchmarks" / "record_references.py")
+    recorder = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(recorder)
+    retrying_kernel_start(lambda: recorder.execute(notebook, record_dir, timeout), notebook.name)()
 
 
 def run_in_process(sources: list[str], module: str, extra: str = "") -> tuple[str, str | None]:

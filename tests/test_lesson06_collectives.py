@@ -332,10 +332,9 @@ def test_recording_holds_every_key_and_shows_the_facts(notebook):
 
 @pytest.mark.gpu
 @pytest.mark.multigpu
-def test_the_notebook_on_these_gpus_shows_the_facts(tmp_path, monkeypatch):
+def test_the_notebook_on_these_gpus_shows_the_facts(tmp_path):
     """Execute the notebook as benchmarks/record_references.py does (NCCL on every GPU), then check its facts."""
-    monkeypatch.setenv(reference.RECORD_ENV, str(tmp_path))  # inherited by the kernel
-    execute_notebook(NOTEBOOK, timeout=600)
+    execute_notebook(NOTEBOOK, tmp_path, timeout=600)
     data = json.loads((tmp_path / f"{STEM}.json").read_text())["data"]
     assert taken_keys(json.loads(NOTEBOOK.read_text())) <= set(data)
     print("\n" + "\n".join(check_facts(data)))

@@ -484,10 +484,9 @@ def test_recording_holds_every_key_and_shows_the_facts(notebook):
 @pytest.mark.multigpu
 @pytest.mark.slow
 @pytest.mark.skipif(N_GPUS < 2, reason="needs two GPUs or more")
-def test_the_notebook_on_gpus_shows_the_facts(tmp_path, monkeypatch):
+def test_the_notebook_on_gpus_shows_the_facts(tmp_path):
     """Execute the notebook as benchmarks/record_references.py does, then check the facts on what it measured."""
-    monkeypatch.setenv(reference.RECORD_ENV, str(tmp_path))
-    execute_notebook(NOTEBOOK, timeout=900)
+    execute_notebook(NOTEBOOK, tmp_path, timeout=900)
     data = json.loads((tmp_path / f"{STEM}.json").read_text())["data"]
     print("\n" + "\n".join(check_facts(data)))
 

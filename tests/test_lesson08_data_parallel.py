@@ -538,10 +538,9 @@ def test_recording_holds_every_key_and_shows_the_facts(notebook):
 
 
 @pytest.mark.multigpu
-def test_the_notebook_on_two_gpus_shows_the_facts(tmp_path, monkeypatch):
+def test_the_notebook_on_two_gpus_shows_the_facts(tmp_path):
     """Execute the notebook as benchmarks/record_references.py does, then check every fact on what it measured."""
-    monkeypatch.setenv(reference.RECORD_ENV, str(tmp_path))  # inherited by the kernel
-    execute_notebook(NOTEBOOK, timeout=900)
+    execute_notebook(NOTEBOOK, tmp_path, timeout=900)
     data = json.loads((tmp_path / f"{STEM}.json").read_text())["data"]
     assert taken_keys(json.loads(NOTEBOOK.read_text())) <= set(data)
     print("\n" + "\n".join(check_facts(data["nvlink"], "nvlink") + check_facts(data["sockets"], "sockets")))
