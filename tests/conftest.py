@@ -69,6 +69,26 @@ def pytest_collection_modifyitems(config, items):
     if gone:
         config.hook.pytest_deselected(items=gone)
         items[:] = [item for item in items if item not in gone]
+    if hasattr(config, "workerinput"):  # an xdist worker: the controller hands out work in this order
+        items[:] = longest_first(items)
+
+
+def longest_first(items: list) -> list:
+    """The files in the order `--dist loadgroup` hands them out, longest first, each file's tests kept in order:
+    the files marked slow as a whole (a file that is one long fixture: the attack matrix, the browser), then the
+    notebooks, then the others by their number of tests. A file is one worker's unit of work, so a long one
+    handed out last would run alone at the end (xdist's own order, by number of tests, did that to the browser
+    test's three tests: CI ran about 150 s longer)."""
+    files: dict = {}
+    for item in items:
+        files.setdefault(item.path, []).append(item)
+
+    def cost(path) -> tuple:
+        module = files[path][0].getparent(pytest.Module)
+        whole_file_slow = module is not None and any(m.name == "slow" for m in module.iter_markers())
+        return (not whole_file_slow, path.suffix != ".ipynb", -len(files[path]))
+
+    return [item for path in sorted(files, key=cost) for item in files[path]]
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
@@ -257,6 +277,7 @@ def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadScopeScheduling
 
     root = config.rootpath
+    config.option.loadscopereorder = False  # keep the workers' order: longest_first's
 
     class ByFile(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:

@@ -82,6 +82,30 @@ def test_loadgroup_keeps_a_file_in_one_worker(tmp_path):
     assert sorted(builds) == ["test_a", "test_b", "test_c"], builds  # three, not one per worker per file
 
 
+RECORDS_ITS_TURN = '''
+import pathlib, pytest
+{mark}
+@pytest.mark.parametrize("i", range({n}))
+def test_runs(i):
+    with open(pathlib.Path(__file__).parent / "order.txt", "a") as f:
+        f.write(pathlib.Path(__file__).stem + "\\n")
+'''
+
+
+def test_loadgroup_hands_out_the_longest_files_first(tmp_path):
+    """A file marked slow as a whole goes first, then the rest by number of tests (xdist's own order would run
+    the one-test slow file last, alone at the end of the run)."""
+    (tmp_path / "conftest.py").write_text((ROOT / "tests" / "conftest.py").read_text())
+    for name, mark, n in (("test_a", "", 2), ("test_b", "", 4), ("test_z", "pytestmark = pytest.mark.slow", 1)):
+        (tmp_path / f"{name}.py").write_text(RECORDS_ITS_TURN.format(mark=mark, n=n))
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "1", "--dist", "loadgroup", "-p",
+                           "no:cacheprovider", "-W", "ignore::pytest.PytestUnknownMarkWarning", str(tmp_path)],
+                          capture_output=True, text=True, cwd=tmp_path, env=nested_env(), timeout=120)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    order = (tmp_path / "order.txt").read_text().split()
+    assert order == ["test_z"] + ["test_b"] * 4 + ["test_a"] * 2, order
+
+
 LEAVES_A_THREAD = '''
 import threading, time
 
