@@ -21,6 +21,16 @@ def nested_env(**extra: str) -> dict[str, str]:
     return {**{k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}, **extra}
 
 
+def run_with_our_conftest(tmp_path: Path, files: dict[str, str], *args: str, **env: str) -> subprocess.CompletedProcess:
+    """`pytest -q *args` in tmp_path, holding `files` ({name: source}) and this suite's conftest, nested (see
+    nested_env; `env` is added to its environment)."""
+    (tmp_path / "conftest.py").write_text((ROOT / "tests" / "conftest.py").read_text())
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args, str(tmp_path)],
+                          cwd=tmp_path, env=nested_env(**env), capture_output=True, text=True, timeout=120)
+
+
 SAMPLE = '''
 import pytest
 
@@ -39,13 +49,7 @@ def test_gpu_skip_reasons():
 
 @pytest.mark.parametrize("require", ["0", "1"])
 def test_require_gpu_turns_gpu_skips_into_failures(tmp_path, require):
-    (tmp_path / "test_sample.py").write_text(SAMPLE)
-    (tmp_path / "conftest.py").write_text((ROOT / "tests" / "conftest.py").read_text())
-    env = nested_env(COURSE_REQUIRE_GPU=require)
-    res = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
-    )
+    res = run_with_our_conftest(tmp_path, {"test_sample.py": SAMPLE}, COURSE_REQUIRE_GPU=require)
     if require == "1":
         assert res.returncode == 1, res.stdout
         assert "1 failed" in res.stdout and "1 skipped" in res.stdout
@@ -71,12 +75,8 @@ def test_uses_it(built, i):
 
 def test_loadgroup_keeps_a_file_in_one_worker(tmp_path):
     """`--dist loadgroup` (the Makefile's) builds each module fixture once: one file, one worker."""
-    (tmp_path / "conftest.py").write_text((ROOT / "tests" / "conftest.py").read_text())
-    for name in ("test_a.py", "test_b.py", "test_c.py"):
-        (tmp_path / name).write_text(SCOPED)
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "2", "--dist", "loadgroup", "-p",
-                           "no:cacheprovider", str(tmp_path)], capture_output=True, text=True, cwd=tmp_path,
-                          env=nested_env(), timeout=120)
+    proc = run_with_our_conftest(tmp_path, dict.fromkeys(("test_a.py", "test_b.py", "test_c.py"), SCOPED),
+                                 "-n", "2", "--dist", "loadgroup")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     builds = (tmp_path / "builds.txt").read_text().split()
     assert sorted(builds) == ["test_a", "test_b", "test_c"], builds  # three, not one per worker per file
@@ -95,12 +95,11 @@ def test_runs(i):
 def test_loadgroup_hands_out_the_longest_files_first(tmp_path):
     """A file marked slow as a whole goes first, then the rest by number of tests (xdist's own order would run
     the one-test slow file last, alone at the end of the run)."""
-    (tmp_path / "conftest.py").write_text((ROOT / "tests" / "conftest.py").read_text())
-    for name, mark, n in (("test_a", "", 2), ("test_b", "", 4), ("test_z", "pytestmark = pytest.mark.slow", 1)):
-        (tmp_path / f"{name}.py").write_text(RECORDS_ITS_TURN.format(mark=mark, n=n))
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "1", "--dist", "loadgroup", "-p",
-                           "no:cacheprovider", "-W", "ignore::pytest.PytestUnknownMarkWarning", str(tmp_path)],
-                          capture_output=True, text=True, cwd=tmp_path, env=nested_env(), timeout=120)
+    slow = "pytestmark = pytest.mark.slow"
+    files = {f"{name}.py": RECORDS_ITS_TURN.format(mark=mark, n=n)
+             for name, mark, n in (("test_a", "", 2), ("test_b", "", 4), ("test_z", slow, 1))}
+    proc = run_with_our_conftest(tmp_path, files, "-n", "1", "--dist", "loadgroup",
+                                 "-W", "ignore::pytest.PytestUnknownMarkWarning")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     order = (tmp_path / "order.txt").read_text().split()
     assert order == ["test_z"] + ["test_b"] * 4 + ["test_a"] * 2, order
@@ -114,19 +113,9 @@ def test_leaves_a_thread_running():
 '''
 
 
-def _run_with_our_conftest(tmp_path, tests: str, workers: int) -> subprocess.CompletedProcess:
-    """pytest -n workers on a file of tests, with this suite's conftest and an exit grace of 2 s."""
-    (tmp_path / "test_sample.py").write_text(tests)
-    (tmp_path / "conftest.py").write_text((ROOT / "tests" / "conftest.py").read_text())
-    env = nested_env(COURSE_WORKER_EXIT_GRACE_S="2")
-    return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", str(workers), str(tmp_path)],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
-    )
-
-
 def test_a_worker_that_cannot_exit_reports_its_threads_and_ends(tmp_path):
-    res = _run_with_our_conftest(tmp_path, LEAVES_A_THREAD, 1)
+    res = run_with_our_conftest(tmp_path, {"test_sample.py": LEAVES_A_THREAD}, "-n", "1",
+                                COURSE_WORKER_EXIT_GRACE_S="2")
     out = res.stdout + res.stderr
     assert "still alive 2 s after its session ended" in out and "left-behind" in out, out[-3000:]
     assert "1 passed" in out
@@ -147,7 +136,8 @@ def test_a_worker_that_ran_out_of_work_waits_quietly_for_the_others(tmp_path):
     """xdist keeps every worker until the whole run ends: one with nothing left to do is not a stray (seen on the
     H100, where notebooks take turns on the GPU and idle workers were reported and killed after 90 s; in CI a worker
     with IPython's daemon history thread was)."""
-    res = _run_with_our_conftest(tmp_path, ONE_SLOW_TEST, 2)
+    res = run_with_our_conftest(tmp_path, {"test_sample.py": ONE_SLOW_TEST}, "-n", "2",
+                                COURSE_WORKER_EXIT_GRACE_S="2")
     out = res.stdout + res.stderr
     assert res.returncode == 0 and "2 passed" in out and "still alive" not in out, out[-3000:]
 
@@ -164,10 +154,7 @@ def test_leaves_an_orphan():  # a grandchild that outlives its parent is reparen
 def test_a_process_left_running_is_named_and_ended(tmp_path):
     import psutil
 
-    (tmp_path / "test_sample.py").write_text(LEAVES_AN_ORPHAN)
-    (tmp_path / "conftest.py").write_text((ROOT / "tests" / "conftest.py").read_text())
-    res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "1", str(tmp_path)],
-                         cwd=tmp_path, env=nested_env(), capture_output=True, text=True, timeout=120)
+    res = run_with_our_conftest(tmp_path, {"test_sample.py": LEAVES_AN_ORPHAN}, "-n", "1")
     out = res.stdout + res.stderr
     assert "processes left running by the tests, now killed" in out and "# orphan" in out, out[-3000:]
     left = [p for p in psutil.process_iter(["cmdline"])
