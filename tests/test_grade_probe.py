@@ -141,6 +141,44 @@ def test_everything_a_probe_started_is_killed(server, tmp_path, end):
     assert [p for p in pids if alive(p)] == []
 
 
+RANKS_AFTER_A_PATCH = """
+import os
+import torch.distributed as dist
+from course_utils import launch
+
+def _patched(*args, **kwargs):
+    raise RuntimeError("the solution's all_reduce")
+
+dist.all_reduce = _patched  # what a solution could do to the ranks a check launches after it
+
+def seen():
+    import os
+    import torch.distributed as dist
+
+    with open(f"/proc/{os.getppid()}/cmdline", "rb") as fh:
+        server = fh.read().replace(b"\\0", b" ").decode()
+    return {"patched": dist.all_reduce.__name__ == "_patched", "server": server, "pid": os.getpid(),
+            "server_pid": os.getppid()}
+
+def f():
+    return list(launch.run(seen, nproc=2, backend="gloo", timeout=60).values())
+"""
+
+
+def test_ranks_a_probe_launches_come_from_before_the_solution_ran(server):
+    """Their fork server is forked by the probe's zygote (no fresh interpreter importing torch), from the probe
+    as it was before the solution: a patch the solution made does not reach them. All are gone afterwards."""
+    out = probe(server, RANKS_AFTER_A_PATCH, timeout=90)
+    assert out.status == "ok", out
+    ranks = out.data["out"]
+    assert len(ranks) == 2
+    for r in ranks:
+        assert r["patched"] is False
+        assert "course_utils.grading.probe_server" in r["server"], r["server"]  # a fork of the probe server's
+    time.sleep(0.3)
+    assert [p for r in ranks for p in (r["pid"], r["server_pid"]) if alive(p)] == []
+
+
 def test_exit_after_printing_the_pass_line_is_no_result(server):
     out = probe(server, "import os\nprint('passed: ex97_call')\nos._exit(0)")
     assert out.status == "no result" and "exit code 0" in out.message

@@ -13,6 +13,8 @@ the first line of student code:
   stdout to /dev/null and stderr to a capped file;
 - fences its writes into that folder, /dev and /proc, and hides the masters, their git history, the submissions
   and other sandboxes from its reads (Landlock, where the kernel has it);
+- forks a zygote (course_utils/launch/zygote.py) that forks the fork servers of the CPU ranks it launches,
+  so that they start from this clean state without importing torch again;
 - takes the exercise's `probe` function from the checks module.
 Then it execs the master's setup cells and the submission's solution cells in a fresh namespace, calls
 `probe(namespace[entry], inputs)` and writes `checks.to_bytes({"status": ..., ...})` to its pipe.
@@ -202,6 +204,11 @@ def run_child(req: dict, result_fd: int) -> None:
     status = 1
     try:
         _isolate(req)
+        # The CPU ranks a probe launches are forked from this state, fenced in but before any student code,
+        # not from a fresh interpreter that imports torch again (course_utils/launch/zygote.py).
+        from course_utils.launch import zygote
+
+        zygote.start()
         from course_utils import checks
 
         to_bytes, write_all = checks.to_bytes, _write_all

@@ -5,7 +5,8 @@ Importing torch costs each rank about 1.5 s of CPU, most of what starting a smal
 fresh interpreter, `python -m course_utils.launch.forkserver`, with the group's environment; it imports torch
 and the worker and forks every rank. A rank is still a process that no notebook state (CUDA, threads, a
 process group) ever touched: the server is single-threaded and initialises neither CUDA nor a process group.
-Ranks that use GPUs start as fresh interpreters of their own (group.py).
+Ranks that use GPUs start as fresh interpreters of their own (group.py). Where the launcher started a zygote
+(zygote.py, a grader's probe), the zygote forks the server instead of a fresh interpreter starting it.
 
 The server is its ranks' parent, so only it can see their exit statuses and keep their pids from being
 reused: it reports each exit over a status pipe and reaps nobody until the launcher closes it, which keeps
@@ -25,10 +26,13 @@ import json
 import os
 import select
 import signal
+import subprocess
 import sys
 import time
 
 from .procs import pid_exit_code
+from .zygote import UNKNOWN_EXIT
+from .zygote import current as current_zygote
 
 SPEC = "COURSE_FORKSERVER_SPEC"  # json: the status pipe's fd and each rank's fds (out, err, cmd, result, stack)
 START_TIMEOUT = 300.0  # seconds the server may take to import torch and fork (a loaded machine is slow)
@@ -62,8 +66,6 @@ class ForkServer:
     """The server of one group: `fds` holds, per rank, the fds the rank keeps (cmd, result, stack)."""
 
     def __init__(self, env: dict[str, str], fds: list[dict[str, int]]):
-        import subprocess
-
         from .errors import LaunchError
 
         pipes = [(os.pipe(), os.pipe()) for _ in fds]  # each rank's stdout and stderr: (read, write)
@@ -72,11 +74,17 @@ class ForkServer:
                 "ranks": [dict(f, out=o[1], err=e[1]) for f, (o, e) in zip(fds, pipes, strict=True)]}
         passed = [status_w] + [fd for rank in spec["ranks"] for fd in rank.values()]
         try:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "course_utils.launch.forkserver"], env=dict(env, **{SPEC: json.dumps(spec)}),
-                pass_fds=passed, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                stderr=pipes[0][1][1],  # what the server itself says (an import error) reads as rank 0's
-                start_new_session=True)
+            # A zygote, where this process started one (a grader's probe), forks the server without a fresh
+            # interpreter; otherwise, or if it cannot, a fresh one imports torch.
+            zygote = current_zygote()
+            self.proc = zygote and zygote.fork_server(env, spec, stderr_fd=pipes[0][1][1])
+            if self.proc is None:
+                self.proc = subprocess.Popen(
+                    [sys.executable, "-m", "course_utils.launch.forkserver"],
+                    env=dict(env, **{SPEC: json.dumps(spec)}), pass_fds=passed, stdin=subprocess.PIPE,
+                    stdout=subprocess.DEVNULL,
+                    stderr=pipes[0][1][1],  # what the server itself says (an import error) reads as rank 0's
+                    start_new_session=True)
         except BaseException:
             for fd in [status_r, status_w] + [fd for o, e in pipes for fd in (*o, *e)]:
                 os.close(fd)
@@ -107,7 +115,8 @@ class ForkServer:
         end = time.monotonic() + START_TIMEOUT
         while b"\n" not in self.buffer:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"exited with code {self.proc.returncode} before starting any rank")
+                code = "" if self.proc.returncode == UNKNOWN_EXIT else f" with code {self.proc.returncode}"
+                raise RuntimeError(f"exited{code} before starting any rank")
             if time.monotonic() > end:
                 raise RuntimeError(f"started no rank within {START_TIMEOUT:.0f} s")
             if select.select([self.status_fd], [], [], 0.1)[0] and self._read() == 0:
@@ -146,7 +155,9 @@ class ForkServer:
 
     def _kill(self) -> None:
         """Kill the server; its ranks follow (PR_SET_PDEATHSIG, or their watchdog)."""
-        if self.proc.returncode is None:
+        if not isinstance(self.proc, subprocess.Popen):
+            self.proc.kill()  # one the zygote forked: through its pidfd
+        elif self.proc.returncode is None:
             try:
                 os.killpg(self.proc.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
@@ -208,7 +219,14 @@ def _become_rank(index: int, spec: dict, server: int) -> None:
     import torch
 
     torch.seed()  # a fresh interpreter seeds torch's generator from the OS; forked ranks would all share one
-    # (Python's random reseeds itself in a forked child; numpy.random is not imported yet, so it seeds later.)
+    # Python's random reseeds itself in a forked child. numpy.random is imported already where a zygote forked
+    # the server (a grader's probe has numpy): reseed it from the OS too.
+    if "numpy.random" in sys.modules:
+        sys.modules["numpy.random"].seed()
+    try:  # torch read OMP_NUM_THREADS when it was imported, which for a zygote was under another environment
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    except (KeyError, ValueError):
+        pass
     os.environ.update(RANK=str(index), LOCAL_RANK=str(index), ROLE_RANK=str(index),
                       COURSE_LAUNCH_CMD_FD=str(mine["cmd"]), COURSE_LAUNCH_RESULT_FD=str(mine["result"]),
                       COURSE_LAUNCH_STACK_FD=str(mine["stack"]),
@@ -243,15 +261,15 @@ def _serve(status: int, pids: list[int], launcher: int) -> None:
             report(index, code)
 
 
-def main() -> None:
-    spec = json.loads(os.environ.pop(SPEC))
-    launcher, server = int(os.environ["COURSE_LAUNCH_PARENT"]), os.getpid()
+def serve_ranks(spec: dict, parent: int) -> None:
+    """Be the server: fork every rank of `spec`, report the pids, then serve (see _serve); never returns.
+
+    `parent` is the process whose end ends the server: the launcher, or the zygote that forked it (zygote.py)."""
     from . import worker  # lean: transport and pickling
 
-    if os.environ.get("COURSE_LAUNCH_PDEATHSIG") == "1":
-        worker.die_with_parent_thread()
-    if os.getppid() != launcher:  # the launcher died before we got here
+    if os.getppid() != parent:  # it died before we got here
         os._exit(1)
+    server = os.getpid()
     import torch  # noqa: F401  what makes a rank slow to start: done once, here, for every rank
     import torch.distributed  # noqa: F401
 
@@ -274,8 +292,17 @@ def main() -> None:
         for fd in rank.values():
             os.close(fd)
     os.write(spec["status"], ("pids " + " ".join(map(str, pids)) + "\n").encode())
-    _serve(spec["status"], pids, launcher)
+    _serve(spec["status"], pids, parent)
     os._exit(0)  # nothing of torch's to tear down here
+
+
+def main() -> None:
+    spec = json.loads(os.environ.pop(SPEC))
+    from . import worker
+
+    if os.environ.get("COURSE_LAUNCH_PDEATHSIG") == "1":
+        worker.die_with_parent_thread()
+    serve_ranks(spec, parent=int(os.environ["COURSE_LAUNCH_PARENT"]))
 
 
 if __name__ == "__main__":
