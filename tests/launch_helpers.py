@@ -16,6 +16,8 @@ import psutil
 import pytest
 import torch.distributed as dist
 
+from course_utils.launch import zygote
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
@@ -51,9 +53,39 @@ def assert_cuda_untouched(before: dict) -> None:
     assert cuda_initialised() == before["cuda"], "the launcher initialised CUDA in the notebook's process"
 
 
+def children(me: psutil.Process) -> list:
+    """me's processes still running, but for the session's zygote (tests/conftest.py), which lives until the
+    session ends (a server it forked is a zombie until it reaps it, a moment after it exited)."""
+    z = zygote.current()
+    found = []
+    for c in me.children(recursive=True):
+        try:
+            if (z is None or c.pid != z.pid) and c.status() != psutil.STATUS_ZOMBIE:
+                found.append(c)
+        except psutil.NoSuchProcess:
+            pass
+    return found
+
+
+@pytest.fixture(scope="module")
+def no_zygote():
+    """No session zygote (tests/conftest.py) while a module's tests and its fixtures run: ranks start as a
+    notebook's do, and nothing but what the tests start runs below this process."""
+    zygote.stop()
+    before = os.environ.get("COURSE_LAUNCH_ZYGOTE")
+    os.environ["COURSE_LAUNCH_ZYGOTE"] = "0"
+    yield
+    if before is None:
+        del os.environ["COURSE_LAUNCH_ZYGOTE"]
+    else:
+        os.environ["COURSE_LAUNCH_ZYGOTE"] = before
+    zygote.spawn_on_first_use()
+
+
 def snapshot() -> dict:
+    zygote.current()  # spawned by now, so its socket is among the fds counted before and after
     me = psutil.Process()
-    return {"children": me.children(recursive=True), "fds": len(os.listdir("/proc/self/fd")),
+    return {"children": children(me), "fds": len(os.listdir("/proc/self/fd")),
             "cuda": cuda_initialised(),
             "listening": [c for c in me.net_connections("inet") if c.status == psutil.CONN_LISTEN]}
 
@@ -62,9 +94,9 @@ def assert_clean(before: dict) -> None:
     """Nothing the launcher started survives: processes, listening ports, file descriptors."""
     me = psutil.Process()
     deadline = time.monotonic() + 5
-    while me.children(recursive=True) and time.monotonic() < deadline:  # reaped already; belt and braces
+    while children(me) and time.monotonic() < deadline:  # reaped already; belt and braces
         time.sleep(0.05)
-    assert me.children(recursive=True) == before["children"] == []
+    assert children(me) == before["children"] == []
     assert [c for c in me.net_connections("inet") if c.status == psutil.CONN_LISTEN] == before["listening"]
     assert len(os.listdir("/proc/self/fd")) == before["fds"]
 

@@ -28,6 +28,8 @@ from tests.launch_helpers import (
     assert_cuda_untouched,
     assert_gone,
     cell_function,
+    children,
+    no_zygote,  # noqa: F401  (a fixture)
     snapshot,
     tcpstore_warmed,  # noqa: F401  (an autouse fixture)
 )
@@ -46,7 +48,7 @@ from tests.launch_helpers import (
 def test_bad_arguments_fail_before_any_process(kwargs, error, words):
     with pytest.raises(error, match=words):
         launch.run(ALL_REDUCE, **kwargs)
-    assert psutil.Process().children() == []
+    assert children(psutil.Process()) == []
 
 
 def test_nccl_without_enough_gpus_is_a_clear_error():
@@ -55,7 +57,7 @@ def test_nccl_without_enough_gpus_is_a_clear_error():
         launch.run(ALL_REDUCE, nproc=too_many, backend="nccl")
     with pytest.raises(ValueError, match="NCCL ranks need their GPUs"):
         options.pick_gpus(False, "nccl")
-    assert psutil.Process().children() == []
+    assert children(psutil.Process()) == []
 
 
 def test_uncallable_and_unpicklable_arguments_are_named():
@@ -69,7 +71,7 @@ def test_uncallable_and_unpicklable_arguments_are_named():
         launch.run_code("def broken(:\n    pass")
     with pytest.raises(ValueError, match="between 0 and 1"):
         launch.run_code("pass", nproc=2, ranks=[2])
-    assert psutil.Process().children() == []
+    assert children(psutil.Process()) == []
 
 
 def test_auto_backend_on_cpu_is_gloo_and_says_so_once(capsys, monkeypatch):
@@ -235,6 +237,7 @@ def test_a_hang_ends_at_the_timeout_with_each_ranks_stack_and_every_process_gone
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.usefixtures("no_zygote")  # a zygote's ranks start within the 0.3 s
 def test_a_timeout_during_start_up_says_so_and_blames_no_collective():
     before = snapshot()
     with pytest.raises(WorkerTimeout) as info:
@@ -259,7 +262,7 @@ def test_ctrl_c_ends_every_worker():
 
     def interrupt_once_running():
         deadline = time.monotonic() + 30
-        while len(me.children(recursive=True)) < 2 and time.monotonic() < deadline:  # (a fork server and a rank)
+        while len(children(me)) < 2 and time.monotonic() < deadline:  # (a fork server and a rank)
             time.sleep(0.05)
         time.sleep(1.0)
         os.kill(os.getpid(), signal.SIGINT)

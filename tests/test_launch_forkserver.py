@@ -10,7 +10,17 @@ import pytest
 
 from course_utils import launch
 from course_utils.launch import LaunchError, WorkerError
-from tests.launch_helpers import assert_clean, cell_function, snapshot, tcpstore_warmed  # noqa: F401
+from tests.launch_helpers import (  # noqa: F401  (fixtures)
+    assert_clean,
+    cell_function,
+    no_zygote,
+    snapshot,
+    tcpstore_warmed,
+)
+
+# A notebook's way: each launch's fork server a fresh interpreter (the session's zygote is test_launch_zygote.py's)
+pytestmark = pytest.mark.usefixtures("no_zygote")
+
 
 WHO = cell_function("""
     import os

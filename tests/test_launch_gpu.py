@@ -21,6 +21,7 @@ from tests.launch_helpers import (
     ROOT,
     assert_gone,
     cell_function,
+    children,
     cuda_initialised,
     tcpstore_warmed,  # noqa: F401  (an autouse fixture)
 )
@@ -56,7 +57,7 @@ CUDA_BEFORE: list[bool] = []
 def assert_notebook_untouched():
     assert cuda_initialised() == CUDA_BEFORE[0], "the launcher initialised CUDA in the notebook's process"
     assert not dist.is_initialized()
-    assert psutil.Process().children(recursive=True) == []
+    assert children(psutil.Process()) == []
 
 
 def run_fresh(script: str) -> str:

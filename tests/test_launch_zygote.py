@@ -66,6 +66,7 @@ def test_ranks_of_a_zygote_look_like_fresh_ones_and_see_no_later_change(tmp_path
             assert r["cwd"] == seen["cwd"]  # the launcher's cwd at the launch, not when the zygote started
             assert r["patched"] is False  # the launcher replaced dist.all_reduce after the zygote started
             assert r["stale_env"] is False  # nor an environment variable it had then
+            assert r["debug"].endswith("DETAIL")  # TORCH_DISTRIBUTED_DEBUG set after the zygote started
         for key in ("seed", "numpy", "random"):  # numpy is imported in the zygote: reseeded all the same
             assert len({r[key] for r in ranks.values()}) == 3, (key, ranks)
     # no fd of the launcher's (its secret pipe) reaches a rank: as many pipes as a fresh server's ranks hold
@@ -90,3 +91,26 @@ def test_nothing_outlives_a_launcher_that_dies_with_a_pool_open(tmp_path):
     proc.kill()
     proc.wait()
     assert_gone([pids["zygote"], pids["server"], *pids["ranks"]])
+
+
+@pytest.mark.timeout(120)
+def test_this_sessions_launches_are_forked_by_its_spawned_zygote():
+    """tests/conftest.py has every pytest process spawn a zygote on its first launch of CPU ranks: a fresh
+    interpreter that imported torch once, whose forks serve every later launch."""
+    from course_utils import launch
+    from course_utils.launch import zygote
+    from tests.launch_helpers import cell_function
+
+    where = cell_function("""
+        import os
+
+        def where():
+            with open(f"/proc/{os.getppid()}/stat") as f:
+                return int(f.read().rsplit(")", 1)[1].split()[1])
+    """, "where")
+    z = zygote.current()
+    assert z is not None and z.proc is not None
+    assert "course_utils.launch.zygote" in " ".join(psutil.Process(z.pid).cmdline())
+    assert set(launch.run(where, nproc=2, backend="gloo").values()) == {z.pid}
+    with launch.Pool(2, backend="gloo") as pool:
+        assert set(pool.run(where).values()) == {z.pid}

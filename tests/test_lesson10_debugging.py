@@ -19,6 +19,7 @@ import pytest
 from course_utils import checks
 from course_utils.checks import CheckFailed
 from course_utils.checks import debugging as c10
+from tests.launch_helpers import children, no_zygote  # noqa: F401  (a fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "10_debugging_distributed.ipynb"
@@ -34,11 +35,16 @@ def code_cells() -> list[dict]:
     return [c for c in notebook()["cells"] if c["cell_type"] == "code"]
 
 
+# The notebook's workers_left() counts every launcher process below this one: the session's zygote (tests/conftest.py)
+# is not one a notebook would have.
+pytestmark = pytest.mark.usefixtures("no_zygote")
+
+
 def own_workers() -> list[int]:
     """The launcher's processes under this test process still alive: ranks (fresh workers, or forked by a fork
-    server, whose command line they keep) and fork servers."""
+    server, whose command line they keep) and fork servers, not the session's zygote (tests/conftest.py)."""
     left = []
-    for p in psutil.Process().children(recursive=True):
+    for p in children(psutil.Process()):
         try:
             if any("course_utils.launch." in part for part in p.cmdline()):
                 left.append(p.pid)

@@ -74,9 +74,9 @@ class ForkServer:
                 "ranks": [dict(f, out=o[1], err=e[1]) for f, (o, e) in zip(fds, pipes, strict=True)]}
         passed = [status_w] + [fd for rank in spec["ranks"] for fd in rank.values()]
         try:
-            # A zygote, where this process started one (a grader's probe), forks the server without a fresh
-            # interpreter; otherwise, or if it cannot, a fresh one imports torch.
-            zygote = current_zygote()
+            # A zygote, where this process has one (a grader's probe, a test session), forks the server without
+            # a fresh interpreter; otherwise, if it cannot, or with COURSE_LAUNCH_ZYGOTE=0, a fresh one imports torch.
+            zygote = current_zygote() if os.environ.get("COURSE_LAUNCH_ZYGOTE", "1") != "0" else None
             self.proc = zygote and zygote.fork_server(env, spec, stderr_fd=pipes[0][1][1])
             if self.proc is None:
                 self.proc = subprocess.Popen(
@@ -223,10 +223,16 @@ def _become_rank(index: int, spec: dict, server: int) -> None:
     # the server (a grader's probe has numpy): reseed it from the OS too.
     if "numpy.random" in sys.modules:
         sys.modules["numpy.random"].seed()
-    try:  # torch read OMP_NUM_THREADS when it was imported, which for a zygote was under another environment
+    # torch read these when it was imported, which for a zygote (zygote.py) was under another environment.
+    # (Settings torch reads only at import and the course never sets, TORCH_CPP_LOG_LEVEL say, keep the zygote's.)
+    try:
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     except (KeyError, ValueError):
         pass
+    import torch.distributed as dist
+
+    if dist.is_available():
+        dist.set_debug_level_from_env()  # TORCH_DISTRIBUTED_DEBUG (lesson 10's DETAIL runs)
     os.environ.update(RANK=str(index), LOCAL_RANK=str(index), ROLE_RANK=str(index),
                       COURSE_LAUNCH_CMD_FD=str(mine["cmd"]), COURSE_LAUNCH_RESULT_FD=str(mine["result"]),
                       COURSE_LAUNCH_STACK_FD=str(mine["stack"]),

@@ -32,6 +32,7 @@ REPLY_TIMEOUT = 30.0  # seconds for the zygote to answer (it only forks)
 UNKNOWN_EXIT = -1  # a remote server's exit code: its parent, the zygote, reaped it
 
 _current: Zygote | None = None
+_spawn_wanted: int | None = None  # the pid of the process whose first launch spawns a zygote
 
 
 class RemoteServer:
@@ -76,6 +77,7 @@ class Zygote:
         self.sock.settimeout(REPLY_TIMEOUT)  # it only forks, so it answers at once unless gone or stopped
         self.lock = threading.Lock()  # one request and its reply at a time
         self.broken = False  # once a request failed, a late reply could answer the next one: not used again
+        self.proc: subprocess.Popen | None = None  # a spawned zygote (a test session's)
 
     def fork_server(self, env: dict[str, str], spec: dict, stderr_fd: int) -> RemoteServer | None:
         """Have the zygote fork a fork server for `spec` (forkserver.py's, fds as ours); None if it cannot."""
@@ -105,8 +107,55 @@ class Zygote:
 
 
 def current() -> Zygote | None:
-    """The zygote this process started, if any (forked children of this process do not inherit it)."""
+    """The zygote this process started, if any (forked children of this process do not inherit it); a test
+    session's is spawned here on first use (see spawn_on_first_use)."""
+    if _spawn_wanted == os.getpid() and (_current is None or _current.owner != os.getpid()):
+        _spawn()
     return _current if _current is not None and _current.owner == os.getpid() else None
+
+
+def spawn_on_first_use() -> None:
+    """Have the first launch of CPU ranks in this process spawn a zygote: a fresh interpreter that imports torch
+    once and then forks the fork servers of every later launch, until stop(). For a test session, whose launches
+    would each import torch again; a notebook must not keep a process running after its cell, so it never does.
+    (A process with threads, as a pytest-xdist worker, cannot fork itself safely: hence a fresh interpreter.)"""
+    global _spawn_wanted
+    _spawn_wanted = os.getpid()
+
+
+def stop() -> None:
+    """End the zygote this process started or spawned, and with it every server it forked (PR_SET_PDEATHSIG)."""
+    global _current, _spawn_wanted
+    z, _current, _spawn_wanted = _current, None, None
+    if z is None or z.owner != os.getpid():
+        return
+    z.sock.close()  # EOF: it returns, and os._exit()s
+    if z.proc is not None:
+        try:
+            z.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            z.proc.kill()
+            z.proc.wait()
+
+
+def _spawn() -> None:
+    global _current
+    if not hasattr(os, "pidfd_open") or not hasattr(signal, "pidfd_send_signal"):
+        return
+    if threading.current_thread() is not threading.main_thread():
+        return  # it would die with this thread (PR_SET_PDEATHSIG): a later launch from the main thread spawns it
+    import sys
+
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "course_utils.launch.zygote", str(theirs.fileno()), str(os.getpid())],
+            pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            start_new_session=True)
+    finally:
+        theirs.close()
+    _current = Zygote(proc.pid, os.getpid(), ours)
+    _current.proc = proc
 
 
 def start() -> None:
@@ -204,3 +253,23 @@ def _become_server(request: dict, fds: list[int]) -> None:
     spec = {"status": fds[spec["status"]],
             "ranks": [{k: fds[i] for k, i in rank.items()} for rank in spec["ranks"]]}
     serve_ranks(spec, parent=zygote)
+
+
+def main(argv: list[str]) -> None:
+    """A spawned zygote (see spawn_on_first_use): import what a fork server needs once, then serve."""
+    sock, owner = socket.socket(fileno=int(argv[0])), int(argv[1])
+    from . import worker  # noqa: F401  lean: transport and pickling
+
+    if os.getppid() != owner:  # the owner died before we got here
+        os._exit(1)
+    import torch  # noqa: F401  once, for every server this zygote forks
+    import torch.distributed  # noqa: F401
+
+    _serve(sock)
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    import sys
+
+    main(sys.argv[1:])
