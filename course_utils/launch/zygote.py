@@ -1,20 +1,26 @@
-"""A zygote: a copy of this process, forked before untrusted code runs, that later forks the CPU ranks' fork servers.
+"""A zygote: a process with torch imported whose only job is to fork the CPU ranks' fork servers.
 
 Every launch of CPU ranks starts a fork server (forkserver.py): a fresh interpreter that imports torch, about
-2.5 s of CPU. A grader's probe launches ranks for many exercises, each in a process that already has torch
-imported, but forking the probe itself would hand the ranks whatever the solution changed in it (a patched
-`torch.distributed`, a replaced check). So the probe calls `start()` before the first line of student code:
-that forks a zygote, which keeps this clean state and does one thing, fork a fork server when asked.
+2.5 s of CPU. Two kinds of process launch many times and may keep a helper running meanwhile:
+- A grader's probe launches ranks in a process that already has torch imported, but forking the probe itself
+  would hand the ranks whatever the solution changed in it (a patched `torch.distributed`, a replaced check).
+  So the probe calls `start()` before the first line of student code: that forks a zygote, which keeps this
+  clean state.
+- A test session (tests/conftest.py) calls `spawn_on_first_use()`: its first launch spawns the zygote as a
+  fresh interpreter (a pytest-xdist worker has threads, so it must not fork itself), which imports torch once.
+A notebook never has one: nothing may keep running after its cell.
 
-    probe (launcher)                               zygote (a fork of the probe, clean)
-    start()                     ------ fork ---->  waits on its socket
-    ... student code runs ...
-    ForkServer(env, fds)        -- env, fds ---->  fork: a server that takes `env` and serves the fds as
-                                <- pid, pidfd ---  forkserver.serve_ranks does (own session, dies with the zygote)
+    launcher                                       zygote
+    start() / first launch      -- fork/spawn -->  waits on its socket
+    ForkServer(env, fds)        -- env, fds ---->  fork: a server that takes `env` and the launcher's cwd and
+                                <- pid, pidfd ---  serves the fds as forkserver.serve_ranks does (own session,
+                                                   dies with the zygote)
 
-The zygote holds no fd of the probe's but its socket and the standard streams, so neither it nor the ranks can
-reach the probe's result pipe. It dies with the probe (PR_SET_PDEATHSIG, and EOF on its socket). Where it is
-gone or cannot be used (no pidfd_open, too many fds), ForkServer starts a fresh interpreter as before.
+Its ranks are like a fresh server's: the launch's environment (and what torch reads of it at import, re-read
+in forkserver._become_rank), their own seeds, no fd of the launcher's (the zygote keeps only its socket and the standard
+streams, so nothing reaches a probe's result pipe). The zygote dies with its launcher (PR_SET_PDEATHSIG, and
+EOF on its socket). Where it is gone or cannot be used (no pidfd_open, too many fds, COURSE_LAUNCH_ZYGOTE=0),
+ForkServer starts a fresh interpreter as before.
 """
 
 from __future__ import annotations
