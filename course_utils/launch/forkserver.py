@@ -5,8 +5,8 @@ Importing torch costs each rank about 1.5 s of CPU, most of what starting a smal
 fresh interpreter, `python -m course_utils.launch.forkserver`, with the group's environment; it imports torch
 and the worker and forks every rank. A rank is still a process that no notebook state (CUDA, threads, a
 process group) ever touched: the server is single-threaded and initialises neither CUDA nor a process group.
-Ranks that use GPUs start as fresh interpreters of their own (group.py). Where the launcher started a zygote
-(zygote.py, a grader's probe), the zygote forks the server instead of a fresh interpreter starting it.
+Ranks that use GPUs start as fresh interpreters of their own (group.py). Where the launcher has a zygote
+(zygote.py: a grader's probe, a test session), the zygote forks the server instead of a fresh interpreter.
 
 The server is its ranks' parent, so only it can see their exit statuses and keep their pids from being
 reused: it reports each exit over a status pipe and reaps nobody until the launcher closes it, which keeps

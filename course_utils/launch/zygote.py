@@ -109,6 +109,7 @@ class Zygote:
             for fd in got + [command_w]:
                 os.close(fd)
             return None
+        os.set_inheritable(got[0], False)  # (fds received over SCM_RIGHTS are inheritable)
         return RemoteServer(int(words[1]), got[0], command_w)
 
 
