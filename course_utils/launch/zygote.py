@@ -78,12 +78,12 @@ class RemoteServer:
 class Zygote:
     """The launcher's end of a zygote's socket; `owner` is the process that forked it."""
 
-    def __init__(self, pid: int, owner: int, sock: socket.socket):
+    def __init__(self, pid: int, owner: int, sock: socket.socket, proc: subprocess.Popen | None = None):
         self.pid, self.owner, self.sock = pid, owner, sock
         self.sock.settimeout(REPLY_TIMEOUT)  # it only forks, so it answers at once unless gone or stopped
         self.lock = threading.Lock()  # one request and its reply at a time
         self.broken = False  # once a request failed, a late reply could answer the next one: not used again
-        self.proc: subprocess.Popen | None = None  # a spawned zygote (a test session's)
+        self.proc = proc  # a spawned zygote's (a test session's); a forked one is reaped with its launcher
 
     def fork_server(self, env: dict[str, str], spec: dict, stderr_fd: int) -> RemoteServer | None:
         """Have the zygote fork a fork server for `spec` (forkserver.py's, fds as ours); None if it cannot."""
@@ -111,6 +111,11 @@ class Zygote:
             return None
         os.set_inheritable(got[0], False)  # (fds received over SCM_RIGHTS are inheritable)
         return RemoteServer(int(words[1]), got[0], command_w)
+
+
+def _supported() -> bool:
+    """Linux 5.3 and Python 3.9 have pidfds; elsewhere every launch starts a fresh server."""
+    return hasattr(os, "pidfd_open") and hasattr(signal, "pidfd_send_signal")
 
 
 def current() -> Zygote | None:
@@ -147,7 +152,7 @@ def stop() -> None:
 
 def _spawn() -> None:
     global _current
-    if not hasattr(os, "pidfd_open") or not hasattr(signal, "pidfd_send_signal"):
+    if not _supported():
         return
     if threading.current_thread() is not threading.main_thread():
         return  # it would die with this thread (PR_SET_PDEATHSIG): a later launch from the main thread spawns it
@@ -161,16 +166,15 @@ def _spawn() -> None:
             start_new_session=True)
     finally:
         theirs.close()
-    _current = Zygote(proc.pid, os.getpid(), ours)
-    _current.proc = proc
+    _current = Zygote(proc.pid, os.getpid(), ours, proc)
 
 
 def start() -> None:
     """Fork the zygote from this process as it is now. Call it before untrusted code runs, from the main
     thread of a single-threaded process (what the fork copies is all the ranks will ever see of this one)."""
     global _current
-    if not hasattr(os, "pidfd_open") or not hasattr(signal, "pidfd_send_signal"):
-        return  # (Linux 5.3 and Python 3.9 have them; elsewhere every launch starts a fresh server)
+    if not _supported():
+        return
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     pid = os.fork()
     if pid == 0:
