@@ -1,85 +1,124 @@
-"""The probe runner: a throwaway, fenced-in process per exercise, killed with everything it started.
+"""The probe runner: a fresh Python per exercise, in bubblewrap as an unprivileged user, gone with all it started.
 
 These tests drive course_utils.grading.probe directly with the exercises of
 tests/fixtures/grading/probe_checks.py (ex97_env reports what the probe sees, ex97_call calls the answer).
+They run as whoever runs the suite: root on CI (the probe then drops to uid 65534), a user elsewhere.
 """
 
 from __future__ import annotations
 
+import io
 import os
-import signal
 import time
+import uuid
+import zipfile
 from pathlib import Path
 
 import pytest
+import torch
 
 from course_utils import checks
 from course_utils.grading import sandbox
-from course_utils.grading.probe import ProbeServer, run_probe
+from course_utils.grading.checks_modules import import_checks_module
+from course_utils.grading.probe import run_probe
 
-PROBE_CHECKS = Path(__file__).parent / "fixtures" / "grading" / "probe_checks.py"
+ROOT = Path(__file__).resolve().parents[1]
+PROBE_CHECKS = str(Path(__file__).parent / "fixtures" / "grading" / "probe_checks.py")
 INPUTS = checks.to_bytes({"gpu": False, "n": 3})
+import_checks_module(PROBE_CHECKS)
 
 
-@pytest.fixture(scope="module")
-def server():
-    with ProbeServer([str(PROBE_CHECKS)]) as s:
-        s.wait_ready()
-        yield s
+def probe(source: str, grade_id: str = "ex97_call", timeout: float = 20, **kw):
+    return run_probe([("<solution>", source)], grade_id, INPUTS, checks_module=PROBE_CHECKS, timeout=timeout,
+                     read_only=[PROBE_CHECKS], **kw)
 
 
-def probe(server, source: str, grade_id: str = "ex97_call", timeout: float = 20, cuda: str = "", **kw):
-    return run_probe(server, [("<solution>", source)], grade_id, INPUTS, cuda_visible_devices=cuda,
-                     timeout=timeout, **kw)
+def processes_with(marker: str) -> list[str]:
+    """Command lines of live processes that contain `marker` (anyone's, seen from outside any sandbox)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+                state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                continue
+            if marker in cmd and state != "Z":
+                found.append(f"{entry.name}: {cmd}")
+    return found
 
 
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def test_a_probe_runs_in_a_throwaway_place_of_its_own(server, tmp_path):
-    a = probe(server, "answer = 42", "ex97_env", cuda="3")
-    b = probe(server, "answer = 'x'", "ex97_env")
+def test_a_probe_runs_in_a_throwaway_place_of_its_own(monkeypatch):
+    monkeypatch.setenv("JUPYTER_TOKEN", "the-instructors-token")  # a secret of ours: must not reach a probe
+    a = probe("answer = 42", "ex97_env")
+    b = probe("answer = 'x'", "ex97_env")
     assert a.status == "ok" and b.status == "ok", (a, b)
     d = a.data
     root = Path(d["cwd"]).parent
     assert d["cwd"] != os.getcwd() and root.name.startswith("course-probe-")
     assert d["home"] == str(root / "home") and d["tmpdir"] == str(root / "tmp")
     assert d["ipythondir"] == str(root / "ipython")
-    assert d["cuda_visible_devices"] == "3" and b.data["cuda_visible_devices"] == ""
-    assert d["own_session"] is True
+    assert d["cuda_visible_devices"] == ""  # no GPU given: CUDA shows none
+    assert d["uid"] == (sandbox.SANDBOX_UID if os.geteuid() == 0 else os.getuid())
+    assert d["pid"] == 2 and "course_utils.grading.probe_child" in d["cmdline"]  # a fresh process, first in its PID namespace
+    assert "the-instructors-token" not in d["environ"] and "JUPYTER_TOKEN" not in d["environ"]
     assert d["inputs"] == {"gpu": False, "n": 3} and d["answer"] == 42 and b.data["answer"] == "x"
     assert Path(b.data["cwd"]).parent != root  # a fresh folder for every probe
     assert not root.exists()  # removed once the probe is done
-    assert not alive(d["pid"])
 
 
-@pytest.mark.skipif(sandbox.landlock_abi() < 1, reason="this Linux kernel has no Landlock")
-def test_a_probe_cannot_write_outside_its_folder(server, tmp_path):
-    target = tmp_path / "written_by_a_probe.txt"
+def test_nothing_of_ours_is_in_reach(tmp_path):
+    """The repository, the masters, a secret beside them: not mounted. Writes land nowhere outside the probe."""
+    secret = tmp_path / "02_lesson.ipynb"
+    secret.write_text("the solution")
     code = f"""
+import os
 def f():
-    open("here.txt", "w").write("fine")  # its own working directory
+    out = {{"root": sorted(os.listdir("/"))}}
+    for name, path in (("secret", {str(secret)!r}), ("notebooks", {str(ROOT / "notebooks")!r}),
+                       ("git", {str(ROOT / ".git")!r}), ("tests", {str(ROOT / "tests" / "conftest.py")!r})):
+        out[name] = os.path.exists(path)
     try:
-        open({str(target)!r}, "w").write("pwned")
-    except PermissionError:
-        return "denied"
-    return "written"
+        open({str(tmp_path / "written.txt")!r}, "w").write("pwned")
+        out["write"] = "written"
+    except OSError as e:
+        out["write"] = type(e).__name__
+    open("here.txt", "w").write("fine")  # its own working directory
+    return out
 """
-    out = probe(server, code)
-    assert out.status == "ok" and out.data == {"out": "denied"}
-    assert not target.exists()
+    out = probe(code)
+    assert out.status == "ok", out
+    seen = out.data["out"]
+    assert seen["secret"] is False and seen["notebooks"] is False and seen["git"] is False, seen
+    assert seen["tests"] is False, seen
+    assert seen["write"] != "written" and not (tmp_path / "written.txt").exists()
 
 
-@pytest.mark.skipif(sandbox.landlock_abi() < 1, reason="this Linux kernel has no Landlock")
-def test_a_probe_may_write_its_own_proc_files_but_not_read_the_graders_memory(server):
-    """CUDA's initialisation writes beneath /proc (a fenced probe without it failed every GPU exercise with
-    error 304 on an H100): naming a thread writes /proc/self/task/TID/comm. Another process's memory stays out
-    of reach: Landlock refuses ptrace-mode access to processes outside the sandbox."""
+def test_a_probe_cannot_change_the_kernels_settings():
+    """As root, a probe once wrote /proc/sys/kernel/core_pattern (a pipe into its own script, run as root by the
+    kernel outside any sandbox). It runs as an unprivileged uid now: the write is refused."""
+    before = Path("/proc/sys/kernel/core_pattern").read_text()
+    code = """
+def f():
+    try:
+        with open("/proc/sys/kernel/core_pattern", "w") as fh:
+            fh.write("|/bin/sh -c true")
+        return "written"
+    except OSError as e:
+        return type(e).__name__
+"""
+    try:
+        out = probe(code)
+    finally:
+        if Path("/proc/sys/kernel/core_pattern").read_text() != before and os.geteuid() == 0:
+            Path("/proc/sys/kernel/core_pattern").write_text(before)
+    assert out.status == "ok" and out.data["out"] != "written", out
+    assert Path("/proc/sys/kernel/core_pattern").read_text() == before
+
+
+def test_a_probe_may_write_its_own_proc_files_but_sees_no_other_process():
+    """CUDA's initialisation writes beneath /proc/self; naming a thread writes /proc/self/task/TID/comm. The
+    grader and other probes are in another PID namespace: not there to read or signal."""
     code = f"""
 import os, threading
 def f():
@@ -91,58 +130,52 @@ def f():
     t = threading.Thread(target=named)
     t.start()
     t.join()
-    try:
-        open("/proc/{os.getpid()}/mem", "rb").read(1)
-        seen["grader_mem"] = "read"
-    except OSError as err:
-        seen["grader_mem"] = type(err).__name__
+    seen["pids"] = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
+    seen["grader"] = os.path.exists("/proc/{os.getpid()}/environ") and {os.getpid()} not in (1, 2)
     return seen
 """
-    out = probe(server, code)
+    out = probe(code)
     assert out.status == "ok", out
     assert out.data["out"]["comm"] == "probe-worker"
-    assert out.data["out"]["grader_mem"] == "PermissionError"
+    assert out.data["out"]["pids"] == [1, 2]  # bubblewrap's init and the probe
+    assert out.data["out"]["grader"] is False
 
 
-def test_infinite_loop_is_cut_off_at_the_time_limit(server):
+def test_infinite_loop_is_cut_off_at_the_time_limit():
     t0 = time.monotonic()
-    out = probe(server, "def f():\n    while True:\n        pass", timeout=2)
+    out = probe("def f():\n    while True:\n        pass", timeout=2)
     assert out.status == "timeout" and "time limit of 2 s" in out.message
-    assert time.monotonic() - t0 < 10
+    assert time.monotonic() - t0 < 30
 
 
 KEEPS_RUNNING = """
 import os, subprocess, sys
 def f():
-    child = subprocess.Popen(["sleep", "300"])
-    detached = subprocess.Popen([sys.executable, "-c",
-        "import os, subprocess, sys\\n"
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)  # {marker}"])
+    subprocess.Popen([sys.executable, "-c",
+        "import os, subprocess, sys, time\\n"
         "if os.fork():\\n    os._exit(0)\\n"
         "os.setsid()\\n"
-        "p = subprocess.Popen(['sleep', '301'])\\n"
-        "print(os.getpid(), p.pid, flush=True)\\n"
-        "p.wait()"], stdout=subprocess.PIPE, text=True)
-    pids = [child.pid] + [int(x) for x in detached.stdout.readline().split()]
-    open({marker!r}, "w").write(repr(pids))
+        "time.sleep(301)  # {marker}"])
+    import time
+    while sum("{marker}" in open(f"/proc/{{p}}/cmdline").read() for p in os.listdir("/proc") if p.isdigit()) < 2:
+        time.sleep(0.05)
     {end}
 """
 
 
-@pytest.mark.parametrize("end", ["return pids", "while True:\n        pass"], ids=["answers", "times-out"])
-def test_everything_a_probe_started_is_killed(server, tmp_path, end):
-    """Children, and a double-forked, setsid'd grandchild (it escapes a process-group kill) are all gone."""
-    marker = tmp_path / "pids.txt"
-    # landlock=False: the marker file lives outside the probe's folder.
-    out = probe(server, KEEPS_RUNNING.format(marker=str(marker), end=end), timeout=8, landlock=False)
-    assert out.status == ("ok" if end == "return pids" else "timeout"), out
-    pids = eval(marker.read_text())
-    assert len(pids) == 3
-    time.sleep(0.3)
-    assert [p for p in pids if alive(p)] == []
+@pytest.mark.parametrize("end", ["return 1", "while True:\n        pass", "os._exit(0)"],
+                         ids=["answers", "times-out", "exits"])
+def test_everything_a_probe_started_is_killed(end):
+    """A child, and a double-forked, setsid'd grandchild (it escaped the old grader's kill and broke later
+    students' rendezvous) are gone when run_probe returns, however the probe ended."""
+    marker = f"left-behind-{uuid.uuid4().hex}"
+    out = probe(KEEPS_RUNNING.format(marker=marker, end=end), timeout=15)
+    assert out.status == {"return 1": "ok", "os._exit(0)": "no result"}.get(end, "timeout"), out
+    assert processes_with(marker) == []
 
 
 RANKS_AFTER_A_PATCH = """
-import os
 import torch.distributed as dist
 from course_utils import launch
 
@@ -152,152 +185,116 @@ def _patched(*args, **kwargs):
 dist.all_reduce = _patched  # what a solution could do to the ranks a check launches after it
 
 def seen():
-    import os
     import torch.distributed as dist
 
-    with open(f"/proc/{os.getppid()}/cmdline", "rb") as fh:
-        server = fh.read().replace(b"\\0", b" ").decode()
-    return {"patched": dist.all_reduce.__name__ == "_patched", "server": server, "pid": os.getpid(),
-            "server_pid": os.getppid()}
+    t = __import__("torch").ones(1)
+    dist.all_reduce(t)
+    return {"patched": dist.all_reduce.__name__ == "_patched", "sum": t.item()}
 
 def f():
     return list(launch.run(seen, nproc=2, backend="gloo", timeout=60).values())
 """
 
 
-def test_ranks_a_probe_launches_come_from_before_the_solution_ran(server):
-    """Their fork server is forked by the probe's zygote (no fresh interpreter importing torch), from the probe
-    as it was before the solution: a patch the solution made does not reach them. All are gone afterwards."""
-    out = probe(server, RANKS_AFTER_A_PATCH, timeout=90)
+def test_ranks_a_probe_launches_run_on_its_own_loopback():
+    """CPU ranks start inside the sandbox (own network namespace: its loopback only) from a fresh interpreter,
+    so a patch the solution made does not reach them."""
+    out = probe(RANKS_AFTER_A_PATCH, timeout=90)
     assert out.status == "ok", out
-    ranks = out.data["out"]
-    assert len(ranks) == 2
-    for r in ranks:
-        assert r["patched"] is False
-        assert "course_utils.grading.probe_server" in r["server"], r["server"]  # a fork of the probe server's
-    time.sleep(0.3)
-    assert [p for r in ranks for p in (r["pid"], r["server_pid"]) if alive(p)] == []
+    assert out.data["out"] == [{"patched": False, "sum": 2.0}] * 2
 
 
-def test_exit_after_printing_the_pass_line_is_no_result(server):
-    out = probe(server, "import os\nprint('passed: ex97_call')\nos._exit(0)")
+def test_shared_memory_is_private_to_each_probe():
+    """/dev/shm was shared, writable and persistent: a channel between probes. Now each has its own."""
+    name = f"course-{uuid.uuid4().hex}"
+    wrote = probe(f"def f():\n    open('/dev/shm/{name}', 'w').write('from an earlier probe')\n    return 1")
+    read = probe(f"import os\ndef f():\n    return os.path.exists('/dev/shm/{name}')")
+    assert wrote.status == "ok" and read.status == "ok" and read.data == {"out": False}
+    assert not Path(f"/dev/shm/{name}").exists()
+
+
+def test_exit_after_printing_the_pass_line_is_no_result():
+    out = probe("import os\nprint('passed: ex97_call')\nos._exit(0)")
     assert out.status == "no result" and "exit code 0" in out.message
 
 
-def test_output_flood_does_not_stop_the_probe(server):
+def test_output_flood_does_not_stop_the_probe():
     code = "import sys\ndef f():\n    for _ in range(50):\n        print('x' * 1_000_000)\n" \
            "        sys.stderr.write('y' * 1_000_000)\n    return 'done'"
-    t0 = time.monotonic()
-    out = probe(server, code)
+    out = probe(code)
     assert out.status == "ok" and out.data == {"out": "done"}
-    assert time.monotonic() - t0 < 20
 
 
-def test_results_must_be_plain_data(server):
+def test_results_must_be_plain_data():
     code = "class Anything:\n    def __eq__(self, other):\n        return True\ndef f():\n    return Anything()"
-    out = probe(server, code)
+    out = probe(code)
     assert out.status == "error" and "not plain data" in out.message
 
 
-def test_exceptions_come_back_as_the_end_of_their_traceback(server):
-    out = probe(server, "def f():\n    return 1 / 0")
+def test_exceptions_come_back_as_the_end_of_their_traceback():
+    out = probe("def f():\n    return 1 / 0")
     assert out.status == "error" and "ZeroDivisionError" in out.message and "<solution>" in out.message
-    nie = probe(server, "def f():\n    raise NotImplementedError()")
+    nie = probe("def f():\n    raise NotImplementedError()")
     assert nie.status == "not attempted"
-    missing = probe(server, "g = 1")
+    missing = probe("g = 1")
     assert missing.status == "error" and "does not define `f`" in missing.message
-    syntax = probe(server, "def f(:\n    pass")
+    syntax = probe("def f(:\n    pass")
     assert syntax.status == "error" and "SyntaxError" in syntax.message
 
 
 FORGE = """
-import os, pickle, stat, struct
-# A pickle that would run a shell command if the grader unpickled it with plain pickle.
-evil = b"cos\\nsystem\\n(S'touch {target}'\\ntR."
-for fd in range(3, 64):
-    try:
-        if stat.S_ISFIFO(os.fstat(fd).st_mode):
-            os.write(fd, struct.pack(">Q", len(evil)) + evil)
-    except OSError:
-        pass
-os._exit(0)
+import os, stat, struct
+def f():
+    frame = {frame!r}
+    for fd in range(3, 64):
+        try:
+            if stat.S_ISFIFO(os.fstat(fd).st_mode):
+                os.write(fd, struct.pack(">Q", len(frame)) + frame)
+        except OSError:
+            pass
+    os._exit(0)
 """
 
 
-def test_forged_result_bytes_run_nothing_in_the_grader(server, tmp_path):
-    """The student finds the result pipe and writes a malicious pickle: the weights-only loader refuses it."""
+def test_forged_result_bytes_run_nothing_in_the_grader(tmp_path):
+    """The student finds the result pipe and writes a malicious pickle: it is refused unread."""
     target = tmp_path / "pwned"
-    out = probe(server, FORGE.format(target=target))
+    evil = f"cos\nsystem\n(S'touch {target}'\ntR.".encode()  # plain pickle would run a shell command
+    out = probe(FORGE.format(frame=evil))
     assert out.status == "error" and "could not be read as plain data" in out.message
     assert not target.exists()
 
 
-def test_the_server_survives_or_comes_back_when_a_probe_kills_it(server):
-    out = probe(server, "import os, signal\ndef f():\n    os.kill(os.getppid(), signal.SIGKILL)\n    return 1")
-    assert out.status in ("ok", "error", "no result")  # denied (Landlock scope) or done: the probe's business
-    again = probe(server, "def f():\n    return 7")
-    assert again.status == "ok" and again.data == {"out": 7}
+def deflated(obj) -> bytes:
+    """A torch.save archive of `obj` with its records deflate-compressed (torch.load accepts it)."""
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    src, out = zipfile.ZipFile(io.BytesIO(buf.getvalue())), io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as dst:
+        for info in src.infolist():
+            dst.writestr(info.filename, src.read(info))
+    return out.getvalue()
 
 
-def test_kill_tree_stops_a_fork_loop(tmp_path):
-    import subprocess
-    import sys
-
-    code = "import os, time\nwhile True:\n    if os.fork() == 0:\n        time.sleep(30)\n        os._exit(0)\n" \
-           "    time.sleep(0.01)"
-    proc = subprocess.Popen([sys.executable, "-c", f"import os\nos.setsid()\n{code}"])
-    time.sleep(1.0)
-    below = sandbox.descendants(proc.pid)
-    assert below
-    sandbox.kill_tree(proc.pid)
-    proc.wait(5)
-    time.sleep(0.2)
-    assert [p for p in below + sandbox.descendants(proc.pid) if alive(p)] == []
-    assert proc.returncode == -signal.SIGKILL
+def test_a_decompression_bomb_is_refused_before_it_is_decoded():
+    """A 1 MB frame once took the grader from 257 MiB to 2.3 GiB: a deflated record decodes to far more than the
+    bytes on the pipe. The archive is checked before torch.load sees it."""
+    bomb = deflated({"status": "ok", "data": torch.zeros(50_000_000)})  # 200 MB once decoded
+    assert len(bomb) < 1 << 20
+    with pytest.raises(ValueError, match="compressed"):
+        checks.from_bytes(bomb)
+    out = probe(FORGE.format(frame=bomb))
+    assert out.status == "error" and "compressed" in out.message, out
 
 
-def test_file_guard_puts_files_back(tmp_path):
-    (tmp_path / "pkg").mkdir()
-    keep = tmp_path / "pkg" / "a.py"
-    keep.write_text("A = 1\n")
-    gone = tmp_path / "pkg" / "b.py"
-    gone.write_text("B = 2\n")
-    startup = tmp_path / "startup"  # does not exist yet: files that appear in it are removed
-    guard = sandbox.FileGuard([tmp_path / "pkg", startup])
-    assert guard.restore() == []
-    keep.write_text("A = 666\n")
-    gone.unlink()
-    (tmp_path / "pkg" / "new.py").write_text("x")
-    startup.mkdir()
-    (startup / "00-pwn.py").write_text("x")
-    wrong = guard.restore()
-    assert sorted(w.split()[0] for w in wrong) == ["changed", "created", "created", "deleted"]
-    assert keep.read_text() == "A = 1\n" and gone.read_text() == "B = 2\n"
-    assert not (tmp_path / "pkg" / "new.py").exists() and not (startup / "00-pwn.py").exists()
-
-
-@pytest.mark.skipif(sandbox.landlock_abi() < 1, reason="this Linux kernel has no Landlock")
-def test_hidden_files_cannot_be_read_but_their_neighbours_can(server, tmp_path):
-    (tmp_path / "masters").mkdir()
-    secret = tmp_path / "masters" / "02_lesson.ipynb"
-    secret.write_text("the solution")
-    beside = tmp_path / "masters" / "notes.txt"
-    beside.write_text("not secret")
-    link = tmp_path / "link_to_secret"
-    link.symlink_to(secret)
-    code = f"""
-import os
-def f():
-    out = {{"listing": sorted(os.listdir({str(secret.parent)!r}))}}
-    for name, path in (("secret", {str(secret)!r}), ("beside", {str(beside)!r}), ("link", {str(link)!r})):
-        try:
-            out[name] = open(path).read()
-        except PermissionError:
-            out[name] = "denied"
-    return out
-"""
-    got = run_probe(server, [("<solution>", code)], "ex97_call", INPUTS, cuda_visible_devices="", timeout=20,
-                    hide=[str(secret)])
-    assert got.status == "ok", got
-    assert got.data["out"] == {"listing": ["02_lesson.ipynb", "notes.txt"], "secret": "denied",
-                               "beside": "not secret", "link": "denied"}
+def test_a_result_that_names_one_storage_many_times_is_refused():
+    """A small archive whose pickle names one 4 MiB tensor 10,000 times would be 40 GiB of copies here."""
+    big = torch.zeros(1 << 20)
+    raw = checks.to_bytes({"x": 1})
+    buf = io.BytesIO()
+    torch.save([big] * 10_000, buf)  # torch.save keeps one storage; the views are cheap
+    assert len(buf.getvalue()) < 8 << 20 and len(raw) > 0
+    t0 = time.monotonic()
+    with pytest.raises(ValueError, match="larger than"):
+        checks.from_bytes(buf.getvalue())
+    assert time.monotonic() - t0 < 10

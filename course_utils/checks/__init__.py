@@ -144,25 +144,34 @@ def _is_number(x: Any) -> bool:
 _PLAIN_SCALARS = (bool, int, float, str, type(None))
 
 
-def plain(data: Any, where: str = "result") -> Any:
+MAX_DECODED_BYTES = 256 << 20  # what a probe's result may take in the judge's memory, once decoded
+
+
+def plain(data: Any, where: str = "result", budget: list[int] | None = None) -> Any:
     """`data` if it is plain (builtins of exact type, and CPU tensors), else TypeError.
 
-    Exact types: a subclass of float or dict could carry its own __eq__ into a judge."""
+    Exact types: a subclass of float or dict could carry its own __eq__ into a judge. `budget` ([bytes left]),
+    when given, is spent on every node and tensor before it is copied (ValueError once it runs out): a small
+    pickle can name one object or one tensor's storage many times, and each name becomes a copy here."""
     import torch
 
     t = type(data)
+    if budget is not None:
+        budget[0] -= 64 + (len(data) if t is str else data.numel() * data.element_size() if t is torch.Tensor else 0)
+        if budget[0] < 0:
+            raise ValueError(f"{where}: the result is larger than {MAX_DECODED_BYTES >> 20} MiB once decoded")
     if t in _PLAIN_SCALARS:
         return data
     if t is torch.Tensor:
         return data.detach().cpu().clone()
     if t in (list, tuple):
-        return [plain(x, f"{where}[{i}]") for i, x in enumerate(data)]
+        return [plain(x, f"{where}[{i}]", budget) for i, x in enumerate(data)]
     if t is dict:
         out = {}
         for k, v in data.items():
             if type(k) is not str:
                 raise TypeError(f"{where}: keys must be str, got {type(k).__name__}")
-            out[k] = plain(v, f"{where}[{k!r}]")
+            out[k] = plain(v, f"{where}[{k!r}]", budget)
         return out
     raise TypeError(f"{where}: {t.__module__}.{t.__qualname__} is not plain data (use numbers, str, lists, dicts, "
                     "tensors)")
@@ -177,11 +186,31 @@ def to_bytes(data: Any) -> bytes:
     return buf.getvalue()
 
 
-def from_bytes(raw: bytes) -> Any:
-    """The inverse of to_bytes, with torch's weights-only unpickler: no code of the sender's runs here."""
+def _check_archive(raw: bytes) -> None:
+    """ValueError unless `raw` is a torch.save archive whose records are stored as they are (to_bytes writes no
+    other kind): a compressed record could decode to far more than the bytes that came over the pipe."""
+    import zipfile
+
+    try:
+        records = zipfile.ZipFile(io.BytesIO(raw)).infolist()
+    except (zipfile.BadZipFile, ValueError) as e:
+        raise ValueError(f"not an archive that to_bytes writes ({e})") from None
+    total = 0
+    for r in records:
+        if r.compress_type != zipfile.ZIP_STORED or r.file_size != r.compress_size:
+            raise ValueError(f"record {r.filename!r} is compressed; to_bytes stores records as they are")
+        total += r.file_size
+    if total > len(raw):
+        raise ValueError("its records claim more bytes than the archive holds")
+
+
+def from_bytes(raw: bytes, limit: int = MAX_DECODED_BYTES) -> Any:
+    """The inverse of to_bytes, with torch's weights-only unpickler: no code of the sender's runs here, and what
+    it decodes stays under `limit` bytes (records checked before loading, copies counted before they are made)."""
     import torch
 
-    return plain(torch.load(io.BytesIO(raw), weights_only=True, map_location="cpu"))
+    _check_archive(raw)
+    return plain(torch.load(io.BytesIO(raw), weights_only=True, map_location="cpu"), budget=[limit])
 
 
 # ----------------------------------------------------------------------------------------- in a notebook

@@ -2,15 +2,15 @@
 
     python -m course_utils.grade SUBMISSION.ipynb|FOLDER [...] [--master-dir notebooks/] [-j N]
         [--csv scores.csv] [--junit grades.xml] [--executed-dir DIR] [--checks-module MOD_OR_FILE.py ...]
-        [--timeout S] [--cell-timeout S] [--max-output N] [--gpus 0,1]
+        [--timeout S] [--cell-timeout S] [--max-output N] [--gpus 0,1] [--no-sandbox]
 
 How (see the README's instructor section for why):
 1. Each master is read once, into memory. From a submission only the solution regions are taken (what
    stands where the master has `### BEGIN SOLUTION` ... `### END SOLUTION`); everything else comes from
    the master, so edited set-up or check cells, and cells a student added, do not run.
-2. For each exercise the grader makes the check's inputs, and a throwaway probe process (forked by the
-   probe server, sandboxed: own cwd/home/temp, writes fenced in, CUDA_VISIBLE_DEVICES pinned) runs the
-   master's set-up cells, the solution cells with the submission's regions, and the check's `probe`. Its
+2. For each exercise the grader makes the check's inputs, and a throwaway probe process (a fresh Python in
+   bubblewrap: an unprivileged uid in namespaces of its own, nothing of the instructor's mounted, only its GPUs'
+   device nodes) runs the master's set-up cells, the solution cells with the submission's regions, and the check's `probe`. Its
    plain-data result comes back as bytes, is decoded without running any code of the sender's, and the
    check's `judge` decides here. The probe and all it started are killed when it answers or times out.
 3. --executed-dir runs the whole notebook (master + regions) in a sandboxed kernel, only to hand it back
@@ -28,8 +28,8 @@ import os
 import sys
 from pathlib import Path
 
-from .grader import NO_LANDLOCK_ENV, GradeError, Grader, Options, _label, visible_gpus  # noqa: F401  (re-exported)
-from .probe_server import CHECKS_MODULES_ENV
+from .checks_modules import CHECKS_MODULES_ENV
+from .grader import GradeError, Grader, Options, _label, visible_gpus  # noqa: F401  (re-exported)
 from .report import Grade, format_table, write_csv, write_junit
 
 # ---------------------------------------------------------------------------------------------- one call
@@ -99,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--junit", type=Path, help="write JUnit XML for CI systems")
     parser.add_argument("--executed-dir", type=Path,
                         help="also run each notebook (sandboxed) and keep it here as feedback; verdicts ignore it")
+    parser.add_argument("--no-sandbox", action="store_true",
+                        help="run students' code without bubblewrap: only for trusted work (your own solutions)")
     args = parser.parse_args(argv)
     modules = args.checks_module
     if modules is None:
@@ -111,10 +113,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     options = Options(timeout=args.timeout, cell_timeout=args.cell_timeout, max_cell_output=args.max_output,
                       executed_dir=args.executed_dir, jobs=args.jobs, checks_modules=tuple(modules),
-                      gpus=tuple(g for g in args.gpus.split(",") if g) if args.gpus is not None else None)
+                      gpus=tuple(g for g in args.gpus.split(",") if g) if args.gpus is not None else None,
+                      sandbox=not args.no_sandbox)
     grades: list[Grade] = []
     errors: list[str] = []
-    with Grader(options) as grader:
+    try:
+        grader = Grader(options)
+    except GradeError as e:
+        print(f"grade: error: {e}", file=sys.stderr)
+        return 2
+    with grader:
         for result in grader.grade_all(list(zip(subs, masters, strict=True))):
             if isinstance(result, str):
                 errors.append(result)

@@ -23,15 +23,12 @@ import nbformat
 
 from .. import gpu_lock
 from ..gpu_lock import visible_gpus
-from . import assemble, release
-from .probe import ProbeServer, run_probe
-from .probe_server import load_checks
+from . import assemble, release, sandbox
+from .checks_modules import load_checks
+from .probe import run_probe
 from .report import FAILED, NOT_ATTEMPTED, PASSED, SKIPPED, ExerciseResult, Grade
-from .sandbox import FileGuard, landlock_abi
 
 MAX_SUBMISSION_BYTES = 50 << 20
-_LANDLOCK_ABI = landlock_abi()  # 0 where the kernel has no Landlock: then probes are unfenced
-NO_LANDLOCK_ENV = "COURSE_GRADING_NO_LANDLOCK"  # tests of the fallback only: probes then rely on FileGuard
 _JUDGE_MODULES = ("course_utils.measure", "course_utils.timeline", "course_utils.reference")
 
 
@@ -48,19 +45,15 @@ class Options:
     jobs: int = 1
     checks_modules: tuple[str, ...] = ()
     gpus: tuple[str, ...] | None = None  # GPU ids to use; None: every GPU this process can see
+    sandbox: bool = True  # False (--no-sandbox): students' code runs unconfined, for trusted work only
 
 
-def _module_file(spec: str) -> Path | None:
-    """The file of a checks module (a .py path, or a dotted name found without importing the module itself)."""
-    if spec.endswith(".py") or os.sep in spec:
-        return Path(spec).resolve()
-    try:
-        import importlib.util
-
-        found = importlib.util.find_spec(spec)
-    except (ImportError, ValueError):
-        return None
-    return Path(found.origin) if found and found.origin else None
+def _checks_module(check) -> str:
+    """How a probe imports the module that registered `check`: the course's by name, any other by its file."""
+    name = check.probe.__module__
+    if name.startswith("course_utils."):
+        return name
+    return str(Path(sys.modules[name].__file__).resolve())
 
 
 def _clean(text: str, limit: int = 4000) -> str:
@@ -129,25 +122,19 @@ class Grader:
 
     def __init__(self, options: Options | None = None, **kw):
         self.options = options or Options(**kw)
-        self.landlock = os.environ.get(NO_LANDLOCK_ENV) != "1"
-        # The probe server loads torch and the checks in its own process while this one reads notebooks and
-        # starts feedback kernels; it is waited for at the first probe.
-        self.server = ProbeServer(tuple(self.options.checks_modules))
-        try:
-            gpus = self.options.gpus if self.options.gpus is not None else visible_gpus()
-            self.gpus = GpuPool(gpus)
-            self.n_gpus = len(gpus)
-            self.masters: dict[Path, assemble.Master] = {}
-            self._guard: FileGuard | None = None
-            self._hidden: list[str] = []
-            self._guard_lock = threading.Lock()
-            self._checks_lock = threading.Lock()
-            self._checks_loaded = False
-            self._inputs_lock = threading.Lock()
-            self._shared_inputs: dict[tuple[str, bool], dict] = {}  # (grade_id, gpu) -> inputs of an inputs_once check
-        except BaseException:
-            self.server.close()
-            raise
+        if self.options.sandbox:
+            try:
+                sandbox.require()
+            except sandbox.SandboxUnavailable as e:
+                raise GradeError(str(e)) from None
+        gpus = self.options.gpus if self.options.gpus is not None else visible_gpus()
+        self.gpus = GpuPool(gpus)
+        self.n_gpus = len(gpus)
+        self.masters: dict[Path, assemble.Master] = {}
+        self._checks_lock = threading.Lock()
+        self._checks_loaded = False
+        self._inputs_lock = threading.Lock()
+        self._shared_inputs: dict[tuple[str, bool], dict] = {}  # (grade_id, gpu) -> inputs of an inputs_once check
 
     def _load_checks(self) -> None:
         """Import the checks here (once, before the first verdict): the judges run in this process."""
@@ -161,8 +148,7 @@ class Grader:
             self._checks_loaded = True
 
     def close(self) -> None:
-        self.server.close()
-        self._restore()
+        """Nothing to stop: every probe and feedback kernel ended with its own call."""
 
     def __enter__(self) -> Grader:
         return self
@@ -184,40 +170,6 @@ class Grader:
                 raise GradeError(f"{path}: cannot read the master: {e}") from e
         return self.masters[key]
 
-    def _protect(self, submissions: list[Path]) -> None:
-        """Copy what no submission may change: the package, the checks modules, the masters, IPython startup."""
-        import course_utils
-
-        roots = [Path(course_utils.__file__).parent]
-        for folder in sorted({m.parent for m in self.masters}):  # every master beside the ones graded
-            roots += sorted(folder.glob("*.ipynb"))
-        roots += [p for p in map(_module_file, self.options.checks_modules) if p is not None]
-        home = Path(os.environ.get("HOME", str(Path.home())))
-        roots.append(home / ".ipython" / "profile_default" / "startup")
-        with self._guard_lock:
-            self._guard = FileGuard(roots)
-        # Hidden from probes and feedback kernels: the masters (they hold the solutions), the git history beside
-        # them, every submission of this run and the feedback notebooks.
-        hidden = {str(p) for folder in {m.parent for m in self.masters} for p in folder.glob("*.ipynb")}
-        for folder in {m.parent for m in self.masters}:
-            hidden |= {str(p / ".git") for p in [folder, *folder.parents] if (p / ".git").exists()}
-        hidden |= {str(Path(p).resolve()) for p in submissions}
-        if self.options.executed_dir:
-            Path(self.options.executed_dir).mkdir(parents=True, exist_ok=True)
-            hidden.add(str(Path(self.options.executed_dir).resolve()))
-        if self.n_gpus:  # the GPU locks: a probe that held one (flock needs only a read) would stall every grader
-            hidden.add(str(gpu_lock.lock_dir().resolve()))
-        self._hidden = sorted(hidden)
-
-    def _restore(self) -> list[str]:
-        # Under Landlock no probe or feedback kernel can write these files, so a change comes from someone else
-        # (an editor, a build, another grader): putting files back would destroy their work and delete their new
-        # files. Restore only where the probes ran unfenced.
-        if self.landlock and _LANDLOCK_ABI:
-            return []
-        with self._guard_lock:
-            return self._guard.restore() if self._guard else []
-
     # ------------------------------------------------------------------------------------------ grading
 
     def grade(self, submission: str | os.PathLike, master: str | os.PathLike) -> Grade:
@@ -235,7 +187,6 @@ class Grader:
                 subs.append(self._prepare(Path(path), self.master(master_path)))
             except GradeError as e:
                 subs.append(str(e))
-        self._protect([Path(p) for p, _ in items])
         jobs = max(1, self.options.jobs)
         # Feedback runs have a pool of their own: they overlap the probes (a GPU slot still keeps one job per GPU).
         with ThreadPoolExecutor(jobs, thread_name_prefix="grade") as pool, \
@@ -313,24 +264,19 @@ class Grader:
             inputs = self._inputs(check, gpu_needed)
         except Exception as e:
             return FAILED, f"the check's inputs() failed ({type(e).__name__}: {e})"
-        self.server.wait_ready()  # (the first probe waits for the server to load; that is not the student's time)
         left = sub.time_left(self.options.timeout)
         limit = min(check.timeout_s, self.options.cell_timeout, left)
         if limit <= 0:
             return FAILED, f"not run: the submission's time limit of {self.options.timeout:g} s was used up"
         gpu = self.gpus.take(n_gpus) if gpu_needed else ""
         try:
-            outcome = run_probe(self.server, assemble.program(sub.master, ex, sub.regions), ex.grade_id,
-                                checks.to_bytes(inputs), cuda_visible_devices=gpu, timeout=limit,
-                                landlock=self.landlock, hide=self._hidden)
+            module = _checks_module(check)
+            outcome = run_probe(assemble.program(sub.master, ex, sub.regions), ex.grade_id, checks.to_bytes(inputs),
+                                checks_module=module, gpus=[g for g in gpu.split(",") if g], timeout=limit,
+                                read_only=[module] if module.endswith(".py") else [], sandboxed=self.options.sandbox)
         finally:
             if gpu_needed:
                 self.gpus.give(gpu)
-            changed = self._restore()
-        if changed:
-            note = f"files changed while {ex.grade_id} was graded were put back: {'; '.join(changed)[:1000]}"
-            sub.grade.notes.append(note)
-            print(f"grade: warning: {sub.label}: {note}", file=sys.stderr)
         if outcome.status == "not attempted":
             return NOT_ATTEMPTED, "the solution raised NotImplementedError"
         if outcome.status != "ok":
@@ -370,16 +316,13 @@ class Grader:
         from .notebook import run_notebook
 
         nb = assemble.feedback_notebook(sub.master, sub.regions)
-        env = dict(os.environ)
-        paths = [str(Path(s).resolve().parent) for s in self.options.checks_modules if s.endswith(".py") or os.sep in s]
-        env["PYTHONPATH"] = os.pathsep.join(paths + [p for p in [env.get("PYTHONPATH", "")] if p])
+        files = [str(Path(s).resolve()) for s in self.options.checks_modules if s.endswith(".py") or os.sep in s]
         gpu = self.gpus.take(1) if self.n_gpus else ""
-        env["CUDA_VISIBLE_DEVICES"] = gpu
         kernel = nb.metadata.get("kernelspec", {}).get("name") or "python3"
         try:
             run = run_notebook(nb, kernel_name=kernel, cell_timeout=self.options.cell_timeout,
                                timeout=self.options.timeout, max_cell_output=self.options.max_cell_output,
-                               env=env, sandbox=True, hide=self._hidden, landlock=self.landlock)
+                               sandbox=self.options.sandbox, gpus=[gpu] if gpu else [], read_only=files)
             if run.stopped:
                 sub.grade.notes.append(_clean(f"feedback run: {run.stopped}", 300))
         except Exception as e:  # the kernel would not start: the feedback is missing, the grades stand
@@ -387,9 +330,6 @@ class Grader:
         finally:
             if self.n_gpus:
                 self.gpus.give(gpu)
-            changed = self._restore()
-        if changed:
-            sub.grade.notes.append(f"files changed by the feedback run were put back: {'; '.join(changed)[:1000]}")
         out = Path(self.options.executed_dir) / sub.label.lstrip(os.sep).replace(os.sep, "__")
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(release.dumps(nb), encoding="utf-8")

@@ -1,9 +1,9 @@
 """Run a notebook that may misbehave: fresh sandboxed kernel, time limits, capped output, no leftovers.
 
 The grader runs a submission's notebook only to hand it back as feedback (--executed-dir): verdicts come
-from probes (grading/probe.py), never from this run. Still, the kernel runs a student's code, so
-`run_notebook(..., sandbox=...)` starts it in a throwaway folder (cwd, home, IPython profile, temp dir) and,
-where Linux has Landlock, lets it write nowhere else.
+from probes (grading/probe.py), never from this run. Still, the kernel runs a student's code, so it runs in
+bubblewrap as a probe does (grading/sandbox.py: a throwaway folder, its own namespaces, an unprivileged uid), and
+talks to us over Unix sockets in its folder (ZeroMQ's ipc transport: the kernel has no network of ours).
 
 Built on nbclient's cell machinery, with what grading untrusted notebooks needs on top:
 - every cell runs even after an error (like the grader of a course: a broken exercise must not zero the rest);
@@ -18,18 +18,20 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import nbformat
 from jupyter_client.manager import AsyncKernelManager
 from nbclient import NotebookClient
 from nbclient.exceptions import DeadKernelError
 
-from .sandbox import Sandbox, kill_tree
+from . import sandbox as sandboxing
+from .sandbox import Sandbox
 
 TIMEOUT_ENAME = "CellTimeoutError"
 CUT_NOTE = "\n[grader: output cut here; it passed the limit of {} characters]\n"
@@ -56,18 +58,23 @@ class NotebookRun:
 
 
 class _SandboxedKernelManager(AsyncKernelManager):
-    """Starts the kernel through `python -m course_utils.grading.sandbox --write P ... --hide Q ... --`, which
-    fences it in (Landlock) before exec'ing the usual kernel command."""
+    """Starts the usual kernel command inside bubblewrap (sandbox.command), when `box` is set."""
 
-    writable: list[str] = []
-    hidden: list[str] = []
+    box: Sandbox | None = None
+    gpus: list[str] = []
+    read_only: list[str] = []
+    environ: dict[str, str] = {}
 
     def format_kernel_cmd(self, extra_arguments=None):
         cmd = super().format_kernel_cmd(extra_arguments)
-        if not self.writable:
+        if self.box is None:
             return cmd
-        fence = [a for p in self.writable for a in ("--write", p)] + [a for p in self.hidden for a in ("--hide", p)]
-        return [sys.executable, "-m", "course_utils.grading.sandbox", *fence, "--", *cmd]
+        return sandboxing.command(self.box, cmd, gpus=self.gpus, read_only=self.read_only, environ=self.environ)
+
+    def write_connection_file(self, **kw):
+        super().write_connection_file(**kw)
+        if self.box is not None and os.geteuid() == 0:  # the kernel runs as the sandbox's uid and reads it
+            os.chown(self.connection_file, sandboxing.SANDBOX_UID, sandboxing.SANDBOX_UID)
 
 
 class _GradingClient(NotebookClient):
@@ -146,7 +153,7 @@ def _error(cell) -> tuple[str, str]:
 
 
 async def _run(nb, *, kernel_name, cwd, cell_timeout, timeout, max_cell_output, max_total_output,
-               box: Sandbox | None, env: dict | None, hide: list[str], landlock: bool) -> NotebookRun:
+               box: Sandbox, gpus: list[str], read_only: list[str], sandboxed: bool) -> NotebookRun:
     start = time.monotonic()
     deadline = start + timeout
     result = NotebookRun(nb=nb)
@@ -165,22 +172,24 @@ async def _run(nb, *, kernel_name, cwd, cell_timeout, timeout, max_cell_output, 
         record_timing=False,
     )
     client.reset_execution_trackers()
-    launch: dict = {}
-    if box is not None:
-        client.km = _SandboxedKernelManager(kernel_name=kernel_name,
-                                            connection_file=str(box.root / "tmp" / "kernel.json"))
-        if landlock:
-            client.km.writable, client.km.hidden = [str(box.root), "/dev"], list(hide)
-        launch["env"] = box.env(env)
+    # Python finds the checks modules given by file beside the course package.
+    python_path = os.pathsep.join(sorted({str(Path(f).parent) for f in read_only}) | {
+        sandboxing.env(box)["PYTHONPATH"]})
+    cuda = ",".join(str(i) for i in range(len(gpus))) if sandboxed else ",".join(gpus)
+    environ = sandboxing.env(box, cuda, {"PYTHONPATH": python_path})
+    client.km = _SandboxedKernelManager(kernel_name=kernel_name, transport="ipc", ip=str(box.root / "tmp" / "ipc"),
+                                        connection_file=str(box.root / "tmp" / "kernel.json"))
+    if sandboxed:
+        client.km.box, client.km.gpus, client.km.read_only = box, list(gpus), list(read_only)
+        client.km.environ = environ
+        launch = {"env": {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}}
     else:
-        client.km = client.create_kernel_manager()
-        if env is not None:
-            launch["env"] = env
+        launch = {"env": environ}
     pid = None
     try:
         # The kernel's own stderr (not the cells' output, which comes over iopub) would clutter the report.
         await client.async_start_new_kernel(cwd=str(cwd), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                            **launch)
+                                            start_new_session=True, **launch)
         provisioner = getattr(client.km, "provisioner", None)
         pid = getattr(provisioner, "pid", None)
         await client.async_start_new_kernel_client()
@@ -224,8 +233,11 @@ async def _run(nb, *, kernel_name, cwd, cell_timeout, timeout, max_cell_output, 
                 # The interrupt did not bring the kernel back to idle: it is stuck; stop here.
                 result.stopped = f"the kernel ignored the interrupt after the time limit in cell {index}"
     finally:
-        if pid:  # the kernel and whatever it started (it leads its own session; it is a subreaper)
-            kill_tree(pid)
+        if pid:  # the sandbox's first process: with it go the kernel and all it started (--die-with-parent)
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
         try:
             await asyncio.wait_for(client._async_cleanup_kernel(), 15)
         except Exception:  # kernel already dead, or cleanup stuck
@@ -244,25 +256,22 @@ def run_notebook(
     max_cell_output: int = 1_000_000,
     max_total_output: int = 20_000_000,
     sandbox: bool = True,
-    env: dict[str, str] | None = None,
-    hide: list[str] | tuple[str, ...] = (),
-    landlock: bool = True,
+    gpus: list[str] | tuple[str, ...] = (),
+    read_only: list[str] | tuple[str, ...] = (),
 ) -> NotebookRun:
     """Execute `nb` (modified in place) in a fresh kernel; never raises for the notebook's errors.
 
-    sandbox=True (the default): the kernel runs in a throwaway folder (its cwd unless `cwd` is given) with its
-    own home, IPython profile and temp dir, writes fenced in and `hide` unreadable where Landlock exists (and
-    `landlock` is left True); the folder is removed afterwards. `env`: the kernel's environment before the
-    sandbox moves home and temp dirs (default: ours)."""
-    box = Sandbox(prefix="course-notebook-") if sandbox else None
+    The kernel runs in a throwaway folder (its cwd unless `cwd` is given) with its own home, IPython profile and
+    temp dir, and an allowlisted environment; the folder is removed afterwards. sandbox=True (the default): in
+    bubblewrap, with the device nodes of `gpus` and `read_only` (checks modules given by file) mounted;
+    sandbox=False, for trusted notebooks only: unconfined."""
+    box = Sandbox(prefix="course-notebook-")
     try:
-        return _run_sync(_run(nb, kernel_name=kernel_name, cwd=cwd or (box.work if box else "."),
-                              cell_timeout=cell_timeout, timeout=timeout, max_cell_output=max_cell_output,
-                              max_total_output=max_total_output, box=box, env=env, hide=list(hide),
-                              landlock=landlock))
+        return _run_sync(_run(nb, kernel_name=kernel_name, cwd=cwd or box.work, cell_timeout=cell_timeout,
+                              timeout=timeout, max_cell_output=max_cell_output, max_total_output=max_total_output,
+                              box=box, gpus=list(gpus), read_only=list(read_only), sandboxed=sandbox))
     finally:
-        if box is not None:
-            box.close()
+        box.close()
 
 
 def _run_sync(coro):
