@@ -22,6 +22,7 @@ import shutil
 import subprocess
 import sys
 import time
+import uuid
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -30,7 +31,8 @@ import pytest
 
 from course_utils import checks, gpu_lock, release
 from course_utils.grading import assemble
-from course_utils.grading.probe_server import import_checks_module
+from course_utils.grading.checks_modules import import_checks_module
+from tests.launch_helpers import processes_with
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE_DIR = ROOT / "tests" / "fixtures" / "grading"
@@ -39,6 +41,9 @@ import attacks  # noqa: E402  (tests/fixtures/grading/attacks.py)
 
 sys.path.remove(str(FIXTURE_DIR))
 pytestmark = pytest.mark.slow
+# The grade command, and its own peak memory (the probes' is not counted) printed at the end.
+PEAK = ("import resource, sys\nfrom course_utils.grading.grade import main\ncode = main(sys.argv[1:])\n"
+        "print(f'peak RSS: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss} KiB')\nsys.exit(code)")
 
 # Submissions graded at once in the runs that hide the GPUs: 2 on a 2-core CI machine, more where there are cores
 # to spare (a GPU box), so the attack matrix does not hold up the whole suite there. What is asserted is the same.
@@ -114,11 +119,19 @@ class Lab:
         self.checks_module = base / "checks" / "fixture_checks.py"
         self.checks_module.parent.mkdir()
         shutil.copy(FIXTURE_DIR / "fixture_checks.py", self.checks_module)
+        # Copies of the masters where they lie about for real: JupyterLab's checkpoints beside them, and a test
+        # suite's temp folder. Nothing of this is mounted in a probe.
+        (self.masters / ".ipynb_checkpoints").mkdir()
+        self.leftovers = base / "pytest-leftovers"
+        self.leftovers.mkdir()
+        for m in MASTERS:
+            shutil.copy(m, self.masters / ".ipynb_checkpoints" / f"{m.stem}-checkpoint.ipynb")
+            shutil.copy(m, self.leftovers / m.name)
         self.home = base / "home"
         self.home.mkdir()
         self.startup = self.home / ".ipython" / "profile_default" / "startup"
-        # The grader's throwaway folders go here, so a test can tell this grader's processes from those of a
-        # grader another test runs at the same time (CI runs two test workers).
+        # The grader's temp folder (run as root, its sandboxes go to /tmp: the uid they run as cannot walk into
+        # pytest's folders).
         self.tmp = base / "tmp"
         self.tmp.mkdir()
         self.snapshot = self.files()
@@ -133,7 +146,7 @@ class Lab:
 
     def targets(self) -> dict:
         return {"masters": [str(self.masters / m.name) for m in MASTERS], "home": str(self.home),
-                "check_modules": ["fixture_checks"]}
+                "check_modules": ["fixture_checks"], "search": [str(self.base), str(self.leftovers)]}
 
     def write(self, folder: str, stem: str, nb) -> None:
         path = self.base / folder / PARSED[stem].name
@@ -147,7 +160,8 @@ class Lab:
 
     def grade(self, folder: str, *args: str, env: dict | None = None, timeout: float = 900, gpus: bool = False):
         """Run the grader on base/folder; returns ({(submission folder, stem): {grade_id: (status, msg)}}, out).
-        gpus=False hides the machine's GPUs from it (module docstring)."""
+        gpus=False hides the machine's GPUs from it (module docstring). The grader's command prints its own peak
+        memory last ("peak RSS: N KiB")."""
         # The copied package comes first; what the environment had (the GPU machines' packages) after it.
         path = os.pathsep.join([str(self.pkg)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
         environment = {**os.environ, "PYTHONPATH": path, "HOME": str(self.home),
@@ -158,7 +172,7 @@ class Lab:
             environment["CUDA_VISIBLE_DEVICES"] = ""
             environment.pop("COURSE_REQUIRE_GPU", None)
         xml = self.base / f"{folder}.xml"
-        cmd = [sys.executable, "-m", "course_utils.grade", folder, "--master-dir", str(self.masters),
+        cmd = [sys.executable, "-c", PEAK, folder, "--master-dir", str(self.masters),
                "--checks-module", str(self.checks_module), "--junit", str(xml), *args]
         proc = subprocess.run(cmd, cwd=self.base, env=environment, capture_output=True, text=True, timeout=timeout)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -270,22 +284,94 @@ def test_tampering_changed_no_file(tampered, lab):
     assert not lab.startup.exists() or not any(lab.startup.iterdir())
 
 
-def test_without_landlock_the_grader_puts_files_back(tmp_path_factory):
-    """COURSE_GRADING_NO_LANDLOCK=1 (kernels without Landlock): the writes happen, and the grader undoes them."""
-    lab = Lab(tmp_path_factory.mktemp("no_landlock"))
-    for name, body in attacks.TAMPER.items():
-        lab.attack(f"nl/a_{name}", "99_fixture", body)
+# ---------------------------------------------------------------------------------------------- sandbox escapes
+
+SECRET = "the-graders-jupyter-token"
+# Regions for the fixture's `add(a, b)`: each returns the right sum only if its escape worked, else a wrong one.
+ESCAPES = {
+    # As root, this once piped every later core dump into the attacker's script, run by the kernel as root.
+    "core_pattern": """    try:
+        with open("/proc/sys/kernel/core_pattern", "w") as _f:
+            _f.write("|/bin/true {marker}")
+        return a + b
+    except OSError:
+        return a - b""",
+    # A setsid'd orphan: it once lived on, as the grader's user, and overwrote later probes' rendezvous keys.
+    "orphan": """    import subprocess, sys
+    subprocess.Popen([sys.executable, "-c",
+                      "import os, time\\nif os.fork():\\n    os._exit(0)\\nos.setsid()\\ntime.sleep(600)  # {marker}"])
+    return a - b""",
+    # The grader's environment (a Jupyter token) through any /proc/*/environ it can read.
+    "environ": """    import os
+    seen = b""
+    for p in ["self"] + [p for p in os.listdir("/proc") if p.isdigit()]:
+        try:
+            seen += open(f"/proc/{{p}}/environ", "rb").read()
+        except OSError:
+            pass
+    return a + b if b"{secret}" in seen else a - b""",
+    # A 1 MiB-odd frame that decodes to 2 GiB: written on the result pipe in place of the probe's own result.
+    "decompression_bomb": """    import io, os, stat, struct, torch, zipfile
+    buf = io.BytesIO()
+    torch.save({{"status": "ok", "data": {{"out": torch.zeros(1)}}}}, buf)
+    src, out = zipfile.ZipFile(io.BytesIO(buf.getvalue())), io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as dst:
+        for info in src.infolist():
+            if info.filename.endswith("/data/0"):
+                with dst.open(info.filename, "w", force_zip64=True) as record:
+                    for _ in range(2048):
+                        record.write(bytes(1 << 20))
+            else:
+                dst.writestr(info.filename, src.read(info))
+    frame = out.getvalue()
+    for fd in range(3, 64):
+        try:
+            if stat.S_ISFIFO(os.fstat(fd).st_mode):
+                os.write(fd, struct.pack(">Q", len(frame)) + frame)
+        except OSError:
+            pass
+    os._exit(0)""",
+    # A channel between probes: one writes into /dev/shm, a later one reads it.
+    "shm_writer": """    open("/dev/shm/{marker}", "w").write("a + b")
+    return a - b""",
+    "shm_reader": """    import os
+    return a + b if os.path.exists("/dev/shm/{marker}") else a - b""",
+}
+
+
+def test_escapes_from_the_sandbox_earn_nothing_and_leave_nothing(lab):
+    """Each finding of the last attack on the grader, as a submission graded beside honest ones in one run (with
+    feedback notebooks, where the orphan runs too): the attackers earn nothing, the honest students keep full
+    marks, no attacker's process outlives the run, the kernel's settings and our files are unchanged, and the
+    grader's memory stays far below what the bomb would decode to."""
+    marker = f"escape-{uuid.uuid4().hex}"
     m = PARSED["99_fixture"]
-    lab.write("nl/z_pass", "99_fixture", release.substitute(m.nb, {g: "pass" for g in TARGETS["99_fixture"]}, "f"))
-    lab.attack("nl/read", "99_fixture", attacks.ATTACKS["read_master_solutions"])
-    results, out = lab.grade("nl", "-j", "1", env={"COURSE_GRADING_NO_LANDLOCK": "1"})
-    for folder in ["z_pass"] + [f"a_{n}" for n in attacks.TAMPER]:
-        assert_zero(results, folder, "99_fixture")
-    assert "were put back" in out  # each tampering was seen and undone
+    stubs = {gid: release.STUB for gid in TARGETS["99_fixture"]}
+    lab.write("escape/a_honest", "99_fixture", m.nb)
+    for name, body in ESCAPES.items():
+        nb = release.substitute(m.nb, {**stubs, "ex99_add": body.format(marker=marker, secret=SECRET)}, "99_fixture")
+        lab.write(f"escape/{'b' if name != 'shm_reader' else 'c'}_{name}", "99_fixture", nb)
+    lab.write("escape/z_honest", "99_fixture", m.nb)
+    core_pattern = Path("/proc/sys/kernel/core_pattern").read_text()
+    try:
+        results, out = lab.grade("escape", "-j", "1", "--executed-dir", str(lab.base / "escape_feedback"),
+                                 env={"JUPYTER_TOKEN": SECRET})
+    finally:
+        if Path("/proc/sys/kernel/core_pattern").read_text() != core_pattern:
+            Path("/proc/sys/kernel/core_pattern").write_text(core_pattern)
+            pytest.fail("a probe changed kernel.core_pattern (put back)")
+    for name in ESCAPES:
+        folder = f"{'b' if name != 'shm_reader' else 'c'}_{name}"
+        assert results[folder, "99_fixture"]["ex99_add"][0] == "failed", (name, results[folder, "99_fixture"])
+    for honest in ("a_honest", "z_honest"):
+        for gid in TARGETS["99_fixture"]:
+            assert results[honest, "99_fixture"][gid][0] in honest_statuses(), (honest, gid, out[-3000:])
+    assert "compressed" in results["b_decompression_bomb", "99_fixture"]["ex99_add"][1]
+    assert processes_with(marker) == [], "an attacker's process outlived the grader"
+    assert not list(Path("/dev/shm").glob(f"{marker}*"))
     assert lab.files() == lab.snapshot
-    # What only Landlock prevents: reading the instructor's solutions off the disk. Here it works, which is why
-    # the README asks for a kernel with Landlock or a container.
-    assert results["read", "99_fixture"]["ex99_add"][0] == "passed"
+    peak_kib = int(re.search(r"peak RSS: (\d+) KiB", out).group(1))
+    assert peak_kib < 1_500_000, f"the grader's peak memory was {peak_kib >> 10} MiB"
 
 
 # ---------------------------------------------------------------------------------------------- limits

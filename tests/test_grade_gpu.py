@@ -14,7 +14,8 @@ import pytest
 
 from course_utils import checks, release
 from course_utils.grading import assemble
-from course_utils.grading.probe import ProbeServer, run_probe
+from course_utils.grading.checks_modules import import_checks_module
+from course_utils.grading.probe import run_probe
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE_DIR = ROOT / "tests" / "fixtures" / "grading"
@@ -25,17 +26,21 @@ sys.path.remove(str(FIXTURE_DIR))
 pytestmark = pytest.mark.gpu
 
 
-def test_a_probe_uses_cuda_on_the_gpu_it_is_pinned_to():
+def test_a_probe_uses_cuda_on_the_gpu_it_is_given_and_sees_no_other():
+    """Only the given GPU's device node is mounted: inside, CUDA sees one GPU (number 0), the one we named."""
     import torch
 
-    last = str(torch.cuda.device_count() - 1)
-    with ProbeServer([str(FIXTURE_DIR / "probe_checks.py")]) as server:
-        assert server.wait_ready()["cuda_initialized"] is False  # else forked probes could not use CUDA
-        out = run_probe(server, [("<solution>", "answer = 1")], "ex97_cuda", checks.to_bytes({"gpu": True}),
-                        cuda_visible_devices=last, timeout=120)
+    last = torch.cuda.device_count() - 1
+    module = str(FIXTURE_DIR / "probe_checks.py")
+    import_checks_module(module)
+    out = run_probe([("<solution>", "answer = 1")], "ex97_cuda", checks.to_bytes({"gpu": True}),
+                    checks_module=module, gpus=[str(last)], timeout=120, read_only=[module])
     assert out.status == "ok", out
-    assert out.data["devices"] == 1 and out.data["visible"] == last
+    assert out.data["devices"] == 1 and out.data["visible"] == "0"
     assert out.data["values"] == [0.0, 2.0, 4.0, 6.0]
+    assert out.data["uuid"] == str(torch.cuda.get_device_properties(last).uuid)
+    assert out.data["nodes"] == sorted(n for n in out.data["nodes"] if n.startswith("nvidia"))
+    assert len([n for n in out.data["nodes"] if n[len("nvidia"):].isdigit()]) == 1, out.data["nodes"]
 
 
 def _gpu_lessons() -> list[Path]:

@@ -21,6 +21,7 @@ from course_utils import checks
 from course_utils.grading import sandbox
 from course_utils.grading.checks_modules import import_checks_module
 from course_utils.grading.probe import run_probe
+from tests.launch_helpers import processes_with
 
 ROOT = Path(__file__).resolve().parents[1]
 PROBE_CHECKS = str(Path(__file__).parent / "fixtures" / "grading" / "probe_checks.py")
@@ -31,21 +32,6 @@ import_checks_module(PROBE_CHECKS)
 def probe(source: str, grade_id: str = "ex97_call", timeout: float = 20, **kw):
     return run_probe([("<solution>", source)], grade_id, INPUTS, checks_module=PROBE_CHECKS, timeout=timeout,
                      read_only=[PROBE_CHECKS], **kw)
-
-
-def processes_with(marker: str) -> list[str]:
-    """Command lines of live processes that contain `marker` (anyone's, seen from outside any sandbox)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-                state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-            except OSError:
-                continue
-            if marker in cmd and state != "Z":
-                found.append(f"{entry.name}: {cmd}")
-    return found
 
 
 def test_a_probe_runs_in_a_throwaway_place_of_its_own(monkeypatch):
@@ -60,7 +46,8 @@ def test_a_probe_runs_in_a_throwaway_place_of_its_own(monkeypatch):
     assert d["ipythondir"] == str(root / "ipython")
     assert d["cuda_visible_devices"] == ""  # no GPU given: CUDA shows none
     assert d["uid"] == (sandbox.SANDBOX_UID if os.geteuid() == 0 else os.getuid())
-    assert d["pid"] == 2 and "course_utils.grading.probe_child" in d["cmdline"]  # a fresh process, first in its PID namespace
+    # a fresh process (nothing of an earlier request in its memory), first in its own PID namespace
+    assert d["pid"] == 2 and "course_utils.grading.probe_child" in d["cmdline"]
     assert "the-instructors-token" not in d["environ"] and "JUPYTER_TOKEN" not in d["environ"]
     assert d["inputs"] == {"gpu": False, "n": 3} and d["answer"] == 42 and b.data["answer"] == "x"
     assert Path(b.data["cwd"]).parent != root  # a fresh folder for every probe

@@ -144,7 +144,8 @@ def test_gpu_exercises_get_one_gpu_each_and_queue(monkeypatch, tmp_path):
 
     lock, busy, overlap, seen, cpu_seen = threading.Lock(), set(), [], [], []
 
-    def fake_probe(server, program, grade_id, inputs, *, cuda_visible_devices, timeout, **_):
+    def fake_probe(program, grade_id, inputs, *, gpus, timeout, **_):
+        cuda_visible_devices = ",".join(gpus)
         inputs = checks.from_bytes(inputs)
         gpu_job = grade_id in ("ex99_gpu", "ex99_scale")
         with lock:
@@ -308,7 +309,7 @@ def test_inputs_once_are_built_once_per_run_and_each_submission_gets_its_own_cop
             return dataclasses.replace(ex, inputs=counted(ex))
         return ex
 
-    def fake_probe(server, program, grade_id, inputs, **_):
+    def fake_probe(program, grade_id, inputs, **_):
         return ProbeOutcome("ok", data=_honest_data(grade_id, checks.from_bytes(inputs)))
 
     monkeypatch.setattr(checks, "exercise", exercise)

@@ -69,6 +69,9 @@ class _SandboxedKernelManager(AsyncKernelManager):
         cmd = super().format_kernel_cmd(extra_arguments)
         if self.box is None:
             return cmd
+        # A signal to our process would not reach the kernel (bubblewrap gives it a session of its own): ask the
+        # kernel itself to interrupt, over its control channel.
+        self.kernel_spec.interrupt_mode = "message"
         return sandboxing.command(self.box, cmd, gpus=self.gpus, read_only=self.read_only, environ=self.environ)
 
     def write_connection_file(self, **kw):
@@ -173,8 +176,8 @@ async def _run(nb, *, kernel_name, cwd, cell_timeout, timeout, max_cell_output, 
     )
     client.reset_execution_trackers()
     # Python finds the checks modules given by file beside the course package.
-    python_path = os.pathsep.join(sorted({str(Path(f).parent) for f in read_only}) | {
-        sandboxing.env(box)["PYTHONPATH"]})
+    python_path = os.pathsep.join(sorted({str(Path(f).parent) for f in read_only}) + [
+        sandboxing.env(box)["PYTHONPATH"]])
     cuda = ",".join(str(i) for i in range(len(gpus))) if sandboxed else ",".join(gpus)
     environ = sandboxing.env(box, cuda, {"PYTHONPATH": python_path})
     client.km = _SandboxedKernelManager(kernel_name=kernel_name, transport="ipc", ip=str(box.root / "tmp" / "ipc"),

@@ -48,6 +48,9 @@ class Sandbox:
     Run as root, its folders belong to SANDBOX_UID, so that the sandboxed process can write in them."""
 
     def __init__(self, prefix: str = "course-grading-", parent: str | None = None):
+        parent = parent or tempfile.gettempdir()
+        if os.geteuid() == 0 and not _reachable(Path(parent)):
+            parent = "/tmp"  # bubblewrap runs as SANDBOX_UID and must walk to the box (pytest's temp dirs are 0700)
         self.root = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
         for sub in ("work", "home", "tmp", "ipython", "mpl", "cache"):
             (self.root / sub).mkdir()
@@ -68,6 +71,12 @@ class Sandbox:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _reachable(folder: Path) -> bool:
+    """Whether any user may walk through every folder down to `folder`."""
+    folder = folder.resolve()
+    return all(p.stat().st_mode & 0o001 for p in [folder, *folder.parents])
 
 
 def env(box: Sandbox, cuda_visible_devices: str = "", extra: dict[str, str] | None = None) -> dict[str, str]:
