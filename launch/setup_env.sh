@@ -45,5 +45,12 @@ if [ "${COURSE_NO_BROWSER:-0}" != 1 ] && ! command -v chromium >/dev/null 2>&1 \
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null
   echo "setup: chromium installed in $(( $(date +%s) - t0 )) s"
 fi
+# The grader runs students' code in bubblewrap (course_utils/grading/sandbox.py); installed here when it is missing
+# and we are root on a Debian-like machine (CI is); elsewhere grading says how to install it.
+if ! command -v bwrap >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  echo "setup: installing bubblewrap, the sandbox the grader runs students' code in"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends bubblewrap >/dev/null
+fi
 touch "$VENV/.installed"
 echo "setup: done ($("$PY" -c 'import torch; print("torch", torch.__version__, "CUDA" if torch.cuda.is_available() else "CPU only")'))"

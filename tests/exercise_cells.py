@@ -84,7 +84,7 @@ def run_in_process(sources: list[str], module: str, extra: str = "") -> tuple[st
 
 def grade_answers(master: str | Path, answers: dict[str, str], grader=None):
     """Grade `master` with answers[grade_id] in place of its solution block(s) (None: the master's own), through
-    course_utils.grading; returns the Grade. Pass a `grading.Grader` to reuse its probe server across calls."""
+    course_utils.grading; returns the Grade. Pass a `grading.Grader` to reuse it across calls."""
     import tempfile
 
     import nbformat

@@ -11,8 +11,9 @@ How (see the README's instructor section for why):
 2. For each exercise the grader makes the check's inputs, and a throwaway probe process (a fresh Python in
    bubblewrap: an unprivileged uid in namespaces of its own, nothing of the instructor's mounted, only its
    GPUs' device nodes) runs the master's set-up cells, the solution cells with the submission's regions, and
-   the check's `probe`. Its plain-data result comes back as bytes, is decoded without running any code of the sender's, and the
-   check's `judge` decides here. The probe and all it started are killed when it answers or times out.
+   the check's `probe`. Its plain-data result comes back as bytes, is decoded without running any code of
+   the sender's (and within a size bound), and the check's `judge` decides here. The probe and all it
+   started are killed when it answers or times out.
 3. --executed-dir runs the whole notebook (master + regions) in a sandboxed kernel, only to hand it back
    as feedback: its outputs never decide anything.
 Outcomes: passed; failed (the check's message, the error, or the time limit); skipped (needs a GPU that

@@ -33,7 +33,7 @@ _JUDGE_MODULES = ("course_utils.measure", "course_utils.timeline", "course_utils
 
 
 class GradeError(RuntimeError):
-    """The grader cannot grade: no master for a submission, a broken master, a probe server that will not start."""
+    """The grader cannot grade: no master for a submission, a broken master, no sandbox to run students' code in."""
 
 
 @dataclass
@@ -118,7 +118,7 @@ class _Submission:
 
 
 class Grader:
-    """Grades submissions against masters read once; owns the probe server (use as a context manager)."""
+    """Grades submissions against masters read once (use as a context manager)."""
 
     def __init__(self, options: Options | None = None, **kw):
         self.options = options or Options(**kw)
