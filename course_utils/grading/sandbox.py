@@ -4,8 +4,8 @@
 - `command(box, argv, gpus=...)`: the command line that runs `argv` inside bubblewrap (`bwrap`, the sandbox under
   Flatpak) with its own user, PID, network, IPC, UTS and mount namespaces, as an unprivileged uid with no
   capabilities, and `--die-with-parent`: killing the process we start ends everything the student started.
-  Mounted, read-only: the system's libraries, the Python prefix and package folders, the course package and the
-  checks modules named. Read-write: the box only. Private: /tmp, /dev/shm, /proc, its own loopback network. Of
+  Mounted, read-only: the system's libraries, /sys, the Python prefix and package folders, the course package
+  and the checks modules named. Read-write: the box only. Private: /tmp, /dev/shm, /proc, its own loopback network. Of
   /dev, the usual null/zero/random nodes and the device nodes of the GPUs it is given, nothing else. Not mounted
   at all: the masters, their checkpoints and git history, the repository, other submissions, the grader's files.
 - `env(box, ...)`: the sandboxed process's whole environment, an allowlist (no token or secret of ours leaks in).
@@ -34,6 +34,7 @@ _ENV_NAMES = ("LANG", "LC_ALL", "LC_CTYPE", "TZ", "OMP_NUM_THREADS", "MKL_NUM_TH
               "COURSE_REQUIRE_GPU", "PYTORCH_NVML_BASED_CUDA_CHECK")
 _ENV_PREFIXES = ("NCCL_", "TORCH_", "NVSHMEM_")
 _SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+_SYS = ("/sys",)  # read-only: NCCL and NVML read the PCI topology there
 _ETC = ("/etc/ld.so.cache", "/etc/hosts", "/etc/nsswitch.conf", "/etc/localtime", "/etc/passwd", "/etc/group",
         "/etc/alternatives", "/etc/ssl/certs", "/etc/fonts", "/etc/matplotlibrc")
 
@@ -128,7 +129,7 @@ def _is_package_folder(path: Path) -> bool:
 def read_only_paths(extra: list[str | os.PathLike] = ()) -> list[Path]:
     """What the sandbox sees, read-only: system libraries, the Python prefix and package folders, the course
     package, and `extra` (checks modules given by file). Nothing else of this machine's files."""
-    paths = [Path(p) for p in _SYSTEM + _ETC if os.path.exists(p) and not os.path.islink(p)]
+    paths = [Path(p) for p in _SYSTEM + _SYS + _ETC if os.path.exists(p) and not os.path.islink(p)]
     paths += [Path(sys.base_prefix), Path(sys.prefix), _course_package()]
     paths += [Path(p) for p in sys.path if p and _is_package_folder(Path(p))]
     paths += [Path(p).resolve() for p in extra]
