@@ -30,8 +30,8 @@ TMPFS_BYTES = 2 << 30  # /tmp and /dev/shm inside: private, memory-backed, cappe
 INSTALL_HINT = ("install bubblewrap (Debian/Ubuntu: `sudo apt-get install bubblewrap`; `make test` does it when run "
                 "as root) or, for trusted work only, grade with --no-sandbox")
 # Names passed into the sandbox from our environment; everything else is left out.
-_ENV_NAMES = ("LANG", "LC_ALL", "LC_CTYPE", "TZ", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_DEVICE_ORDER",
-              "COURSE_REQUIRE_GPU", "PYTORCH_NVML_BASED_CUDA_CHECK")
+_ENV_NAMES = ("LANG", "LC_ALL", "LC_CTYPE", "TZ", "LD_LIBRARY_PATH", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+              "CUDA_DEVICE_ORDER", "COURSE_REQUIRE_GPU", "PYTORCH_NVML_BASED_CUDA_CHECK")
 _ENV_PREFIXES = ("NCCL_", "TORCH_", "NVSHMEM_")
 _SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 _SYS = ("/sys",)  # read-only: NCCL and NVML read the PCI topology there
@@ -222,7 +222,8 @@ def _staged(box: Sandbox, sources: list[Path], bwrap_args: list[str]) -> list[st
             target.mkdir(exist_ok=True)
         else:
             target.touch()
-        binds.append(f"mount --bind {_quote(src)} {_quote(target)}")
+        # --rbind: with what is mounted below it (a container's GPU driver libraries are mounted file by file)
+        binds.append(f"mount --rbind {_quote(src)} {_quote(target)}")
     drop = ["setpriv", f"--reuid={SANDBOX_UID}", f"--regid={SANDBOX_UID}", "--clear-groups", "--inh-caps=-all",
             "--bounding-set=-all", "--no-new-privs"]
     script = " && ".join(binds + ["exec " + " ".join(_quote(a) for a in drop + bwrap_args)])
