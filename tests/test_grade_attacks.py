@@ -407,8 +407,10 @@ def test_loops_and_floods_are_cut_off(lab):
             status, message = results["infinite_loop", stem][gid]
             if status == "failed":
                 assert "time limit of 4 s" in message, message
+    # Cut off, not left to run: a loop that was not stopped would hold its submission for the whole --timeout
+    # (600 s). Each probe also starts a fresh Python that imports torch, a few seconds on a loaded 2-core machine.
     n_probes = sum(len(TARGETS[s]) for s in REPRESENTATIVE)
-    assert seconds < 30 + 4 * n_probes, out[-2000:]
+    assert seconds < 60 + 10 * n_probes, out[-2000:]
     time.sleep(0.5)
     assert set(_leftovers(lab.tmp)) - before == set()
 

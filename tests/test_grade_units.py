@@ -318,3 +318,25 @@ def test_inputs_once_are_built_once_per_run_and_each_submission_gets_its_own_cop
     assert all(gr.by_id()["ex99_add"].status == "passed" for gr in grades)
     assert calls == {"ex99_add": 1, "ex99_mean": 6}
     assert len(received) == 6 and len(set(received)) == 1 and received[0] != "[]"
+
+
+def test_without_bubblewrap_grading_refuses_and_says_how_to_install_it(tmp_path):
+    """Where bwrap is missing, students' code is not run unconfined by default: the command stops with exit 2 and
+    says what to install, or that --no-sandbox is for trusted work. With --no-sandbox it grades."""
+    import os
+    import subprocess
+    import sys
+
+    sub = tmp_path / "99_fixture.ipynb"
+    sub.write_text(release.dumps(nbformat.read(MASTER, as_version=4)))
+    env = {**os.environ, "PATH": str(tmp_path / "no-tools-here"), "CUDA_VISIBLE_DEVICES": ""}
+    env.pop("COURSE_REQUIRE_GPU", None)
+    cmd = [sys.executable, "-m", "course_utils.grade", str(sub), "--master-dir", str(MASTER.parent),
+           "--checks-module", str(MASTER.parent / "fixture_checks.py")]
+    refused = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "bubblewrap" in refused.stderr and "apt-get install bubblewrap" in refused.stderr
+    assert "--no-sandbox" in refused.stderr
+    trusted = subprocess.run(cmd + ["--no-sandbox"], env=env, capture_output=True, text=True, timeout=300)
+    assert trusted.returncode == 0, trusted.stdout[-2000:] + trusted.stderr[-2000:]
+    assert "ex99_add" in trusted.stdout and "passed" in trusted.stdout
