@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import subprocess
 import threading
 import time
@@ -188,13 +187,12 @@ async def _run(nb, *, kernel_name, cwd, cell_timeout, timeout, max_cell_output, 
         launch = {"env": {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}}
     else:
         launch = {"env": environ}
-    pid = None
+    process = None
     try:
         # The kernel's own stderr (not the cells' output, which comes over iopub) would clutter the report.
         await client.async_start_new_kernel(cwd=str(cwd), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                             start_new_session=True, **launch)
-        provisioner = getattr(client.km, "provisioner", None)
-        pid = getattr(provisioner, "pid", None)
+        process = getattr(getattr(client.km, "provisioner", None), "process", None)
         await client.async_start_new_kernel_client()
         code_cells = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and c.source.strip()]
         for n, index in enumerate(code_cells):
@@ -236,11 +234,8 @@ async def _run(nb, *, kernel_name, cwd, cell_timeout, timeout, max_cell_output, 
                 # The interrupt did not bring the kernel back to idle: it is stuck; stop here.
                 result.stopped = f"the kernel ignored the interrupt after the time limit in cell {index}"
     finally:
-        if pid:  # the sandbox's first process: with it go the kernel and all it started (--die-with-parent)
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+        if process is not None and process.poll() is None:  # not reaped yet: its pid is still ours to signal
+            sandboxing.stop(process.pid)  # the sandbox's first process: with it, the kernel and all it started
         try:
             await asyncio.wait_for(client._async_cleanup_kernel(), 15)
         except Exception:  # kernel already dead, or cleanup stuck

@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import pickle
 import select
-import signal
 import subprocess
 import sys
 import time
@@ -96,11 +95,8 @@ def _start(box: sandbox.Sandbox, request: dict, write_fd: int, gpus: list[str], 
 
 def _kill(proc: subprocess.Popen) -> None:
     """The probe's process and, through --die-with-parent and its PID namespace, all it started."""
-    if proc.poll() is None:  # not reaped yet, so its group id is still ours to signal
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+    if proc.poll() is None:  # not reaped yet, so its pid is still ours to signal
+        sandbox.stop(proc.pid)
     proc.wait()
 
 

@@ -9,6 +9,7 @@
   /dev, the usual null/zero/random nodes and the device nodes of the GPUs it is given, nothing else. Not mounted
   at all: the masters, their checkpoints and git history, the repository, other submissions, the grader's files.
 - `env(box, ...)`: the sandboxed process's whole environment, an allowlist (no token or secret of ours leaks in).
+- `stop(pid)`: kills the sandbox started as process `pid` and waits until every process in it is gone.
 - `require()`: raises `SandboxUnavailable`, saying how to install bubblewrap, where it is missing.
 
 Run as root (how the course's own commands run on CI), the grader first drops to uid 65534 (`setpriv`): bubblewrap
@@ -21,8 +22,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 SANDBOX_UID = 65534  # "nobody": owns nothing of ours
@@ -234,3 +237,39 @@ def _quote(arg: str | os.PathLike) -> str:
     import shlex
 
     return shlex.quote(str(arg))
+
+
+def _state(pid: int) -> str:
+    """A process's state letter from /proc ("" when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        found.append(int(entry))
+            except (OSError, IndexError, ValueError):
+                continue
+    return found
+
+
+def stop(pid: int, timeout: float = 10) -> None:
+    """SIGKILL the sandbox whose first process (bwrap, or the unshare/setpriv before it) is `pid`, our child and
+    not yet reaped, then wait until the sandbox's own first process has ended: the kernel ends every other process
+    of its PID namespace before that one is gone, so on return nothing the student started is running."""
+    inside = _children(pid)  # bwrap's child: pid 1 of the sandbox's PID namespace
+    try:
+        os.killpg(pid, signal.SIGKILL)  # our child leads its own session (start_new_session)
+    except (ProcessLookupError, PermissionError):
+        pass
+    deadline = time.monotonic() + timeout
+    while any(_state(p) not in ("", "Z", "X") for p in inside) and time.monotonic() < deadline:
+        time.sleep(0.01)
