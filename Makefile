@@ -36,6 +36,7 @@ lint: $(SETUP)
 	$(PY) -m ruff check .
 
 test: lint
+	bash tests/install_browser.sh
 	$(PY) -m pytest -n $(JOBS) --dist loadgroup --durations=30 tests --nbmake notebooks
 
 # Same suite on a GPU box; any test or exercise skipped for want of a GPU is a failure. In six parts, each

@@ -19,8 +19,6 @@ import time
 
 import pytest
 
-from course_utils.launch import zygote
-
 REQUIRE_GPU = os.environ.get("COURSE_REQUIRE_GPU") == "1"
 
 
@@ -154,10 +152,6 @@ def pytest_configure(config):
     # A mark every process this pytest process starts inherits (unless given an environment of its own), so
     # whatever is still running when the session ends can be found, reparented or not.
     os.environ[SESSION_ENV] = f"{os.getpid()}-{time.time_ns()}"
-    # The CPU ranks this process launches are forked from one zygote that imported torch once, not each launch's
-    # fork server a fresh interpreter that imports it again (most of what the tests' launches cost in CPU).
-    # Notebooks never keep one; tests/test_launch_forkserver.py covers their way with COURSE_LAUNCH_ZYGOTE=0.
-    zygote.spawn_on_first_use()
 
 
 def _strays() -> list:
@@ -181,7 +175,6 @@ def _strays() -> list:
 def pytest_sessionfinish(session, exitstatus):
     """Whatever a test started and left running (an orphaned rank, a kernel, a server) is named and ended here: a
     stray process holding a worker's pipes keeps xdist waiting at teardown_nodes for ever."""
-    zygote.stop()  # (it carries this session's mark: it is not a stray)
     config = session.config
     if not sys.platform.startswith("linux") or (getattr(config.option, "numprocesses", None)
                                                  and not hasattr(config, "workerinput")):

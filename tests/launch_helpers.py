@@ -17,8 +17,6 @@ import psutil
 import pytest
 import torch.distributed as dist
 
-from course_utils.launch import zygote
-
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
@@ -55,36 +53,18 @@ def assert_cuda_untouched(before: dict) -> None:
 
 
 def children(me: psutil.Process) -> list:
-    """me's processes still running, but for the session's zygote (tests/conftest.py), which lives until the
-    session ends (a server it forked is a zombie until it reaps it, a moment after it exited)."""
-    z = zygote.current()
+    """me's processes still running (zombies, a moment from being reaped, left out)."""
     found = []
     for c in me.children(recursive=True):
         try:
-            if (z is None or c.pid != z.pid) and c.status() != psutil.STATUS_ZOMBIE:
+            if c.status() != psutil.STATUS_ZOMBIE:
                 found.append(c)
         except psutil.NoSuchProcess:
             pass
     return found
 
 
-@pytest.fixture(scope="module")
-def no_zygote():
-    """No session zygote (tests/conftest.py) while a module's tests and its fixtures run: ranks start as a
-    notebook's do, and nothing but what the tests start runs below this process."""
-    zygote.stop()
-    before = os.environ.get("COURSE_LAUNCH_ZYGOTE")
-    os.environ["COURSE_LAUNCH_ZYGOTE"] = "0"
-    yield
-    if before is None:
-        del os.environ["COURSE_LAUNCH_ZYGOTE"]
-    else:
-        os.environ["COURSE_LAUNCH_ZYGOTE"] = before
-    zygote.spawn_on_first_use()
-
-
 def snapshot() -> dict:
-    zygote.current()  # spawned by now, so its socket is among the fds counted before and after
     me = psutil.Process()
     return {"children": children(me), "fds": len(os.listdir("/proc/self/fd")),
             "cuda": cuda_initialised(),

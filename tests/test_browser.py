@@ -70,7 +70,7 @@ def _need_browser() -> str:
     why = None
     if path is None:
         why = ("Debian's chromium is not installed: `sudo apt-get install chromium` (make test's set-up, "
-               "launch/setup_env.sh, installs it when run as root)")
+               "tests/install_browser.sh, installs it when run as root)")
     else:
         try:
             import playwright.sync_api  # noqa: F401

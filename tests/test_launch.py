@@ -29,7 +29,6 @@ from tests.launch_helpers import (
     assert_gone,
     cell_function,
     children,
-    no_zygote,  # noqa: F401  (a fixture)
     snapshot,
     tcpstore_warmed,  # noqa: F401  (an autouse fixture)
 )
@@ -237,7 +236,6 @@ def test_a_hang_ends_at_the_timeout_with_each_ranks_stack_and_every_process_gone
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.usefixtures("no_zygote")  # a zygote's ranks start within the 0.3 s
 def test_a_timeout_during_start_up_says_so_and_blames_no_collective():
     before = snapshot()
     with pytest.raises(WorkerTimeout) as info:

@@ -13,14 +13,9 @@ from course_utils.launch import LaunchError, WorkerError
 from tests.launch_helpers import (  # noqa: F401  (fixtures)
     assert_clean,
     cell_function,
-    no_zygote,
     snapshot,
     tcpstore_warmed,
 )
-
-# A notebook's way: each launch's fork server a fresh interpreter (the session's zygote is test_launch_zygote.py's)
-pytestmark = pytest.mark.usefixtures("no_zygote")
-
 
 WHO = cell_function("""
     import os

@@ -19,7 +19,7 @@ import pytest
 from course_utils import checks
 from course_utils.checks import CheckFailed
 from course_utils.checks import debugging as c10
-from tests.launch_helpers import children, no_zygote  # noqa: F401  (a fixture)
+from tests.launch_helpers import children
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "10_debugging_distributed.ipynb"
@@ -35,14 +35,9 @@ def code_cells() -> list[dict]:
     return [c for c in notebook()["cells"] if c["cell_type"] == "code"]
 
 
-# The notebook's workers_left() counts every launcher process below this one: the session's zygote (tests/conftest.py)
-# is not one a notebook would have.
-pytestmark = pytest.mark.usefixtures("no_zygote")
-
-
 def own_workers() -> list[int]:
     """The launcher's processes under this test process still alive: ranks (fresh workers, or forked by a fork
-    server, whose command line they keep) and fork servers, not the session's zygote (tests/conftest.py)."""
+    server, whose command line they keep) and fork servers."""
     left = []
     for p in children(psutil.Process()):
         try:

@@ -103,3 +103,13 @@ def test_setup_says_what_to_install_when_venv_is_missing(tmp_path):
                          env={"PATH": "/usr/bin:/bin", "PYTHON": str(fake), "VENV": str(venv)}, timeout=60)
     assert res.returncode == 1 and "python3-venv" in res.stderr, res.stdout + res.stderr
     assert not venv.exists()
+
+
+def test_the_lab_installs_no_browser():
+    """`make lab` installs what the lab needs: chromium (for the browser test) is make test's business only."""
+    assert "chromium" not in (ROOT / "launch" / "setup_env.sh").read_text()
+    makefile = (ROOT / "Makefile").read_text()
+    test_recipe = makefile.split("\ntest: ", 1)[1].split("\n\n", 1)[0]
+    assert "tests/install_browser.sh" in test_recipe
+    lab_recipe = makefile.split("\nlab: ", 1)[1].split("\n\n", 1)[0]
+    assert "install_browser" not in lab_recipe

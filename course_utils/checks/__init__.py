@@ -246,10 +246,3 @@ def passed(exercise: str, detail: str = "") -> None:
     """Print the pass line (kept for callers that report a pass themselves)."""
     print(f"{PASS_MARKER} {exercise}" + (f" ({detail})" if detail else ""))
 
-
-def needs_gpu(exercise: str) -> bool:
-    """Old-style checks' first line (kept while lessons move to `Exercise`): True if CUDA is here, else skip."""
-    if gpu_available():
-        return True
-    _skip(exercise)
-    return False

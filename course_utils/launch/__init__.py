@@ -8,8 +8,7 @@
 How it avoids the usual pains:
 - Workers are never forks of the notebook, so CUDA state in it cannot break them: GPU ranks are fresh
   interpreters (`python -m course_utils.launch.worker`), CPU ranks are forked by a fresh interpreter that
-  imported torch once for all of them (forkserver.py), or in a grader's probe by a fork of its zygote, a copy
-  of the probe from before the solution ran (zygote.py). The notebook itself never initialises CUDA or a
+  imported torch once for all of them (forkserver.py). The notebook itself never initialises CUDA or a
   process group: results and exceptions come back with every tensor on the CPU (pickling.py).
 - NCCL ranks each own GPU LOCAL_RANK; gloo ranks see no GPU unless asked (gpus=True), so a CPU lesson on
   a GPU machine opens no CUDA context.
@@ -21,7 +20,7 @@ How it avoids the usual pains:
   worker; a timeout first shows where each stuck rank was. No process, port or temporary file survives.
 
 Modules, leaves first: errors, options (arguments, backend, GPUs), env, transport, pickling, output, stacks,
-procs; zygote, forkserver (the CPU ranks' parent); group (the worker group); worker (its entry point); jobs (run,
+procs; forkserver (the CPU ranks' parent); group (the worker group); worker (its entry point); jobs (run,
 run_code), pool, cli; magics.
 The names below load their module on first use, so a worker importing transport and pickling does not
 pay for the parent's side.

@@ -5,8 +5,7 @@ Importing torch costs each rank about 1.5 s of CPU, most of what starting a smal
 fresh interpreter, `python -m course_utils.launch.forkserver`, with the group's environment; it imports torch
 and the worker and forks every rank. A rank is still a process that no notebook state (CUDA, threads, a
 process group) ever touched: the server is single-threaded and initialises neither CUDA nor a process group.
-Ranks that use GPUs start as fresh interpreters of their own (group.py). Where the launcher has a zygote
-(zygote.py: a grader's probe, a test session), the zygote forks the server instead of a fresh interpreter.
+Ranks that use GPUs start as fresh interpreters of their own (group.py).
 
 The server is its ranks' parent, so only it can see their exit statuses and keep their pids from being
 reused: it reports each exit over a status pipe and reaps nobody until the launcher closes it, which keeps
@@ -31,8 +30,6 @@ import sys
 import time
 
 from .procs import pid_exit_code
-from .zygote import UNKNOWN_EXIT
-from .zygote import current as current_zygote
 
 SPEC = "COURSE_FORKSERVER_SPEC"  # json: the status pipe's fd and each rank's fds (out, err, cmd, result, stack)
 START_TIMEOUT = 300.0  # seconds the server may take to import torch and fork (a loaded machine is slow)
@@ -74,17 +71,12 @@ class ForkServer:
                 "ranks": [dict(f, out=o[1], err=e[1]) for f, (o, e) in zip(fds, pipes, strict=True)]}
         passed = [status_w] + [fd for rank in spec["ranks"] for fd in rank.values()]
         try:
-            # A zygote, where this process has one (a grader's probe, a test session), forks the server without
-            # a fresh interpreter; otherwise, if it cannot, or with COURSE_LAUNCH_ZYGOTE=0, a fresh one imports torch.
-            zygote = current_zygote() if os.environ.get("COURSE_LAUNCH_ZYGOTE", "1") != "0" else None
-            self.proc = zygote and zygote.fork_server(env, spec, stderr_fd=pipes[0][1][1])
-            if self.proc is None:
-                self.proc = subprocess.Popen(
-                    [sys.executable, "-m", "course_utils.launch.forkserver"],
-                    env=dict(env, **{SPEC: json.dumps(spec)}), pass_fds=passed, stdin=subprocess.PIPE,
-                    stdout=subprocess.DEVNULL,
-                    stderr=pipes[0][1][1],  # what the server itself says (an import error) reads as rank 0's
-                    start_new_session=True)
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "course_utils.launch.forkserver"],
+                env=dict(env, **{SPEC: json.dumps(spec)}), pass_fds=passed, stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                stderr=pipes[0][1][1],  # what the server itself says (an import error) reads as rank 0's
+                start_new_session=True)
         except BaseException:
             for fd in [status_r, status_w] + [fd for o, e in pipes for fd in (*o, *e)]:
                 os.close(fd)
@@ -115,8 +107,7 @@ class ForkServer:
         end = time.monotonic() + START_TIMEOUT
         while b"\n" not in self.buffer:
             if self.proc.poll() is not None:
-                code = "" if self.proc.returncode == UNKNOWN_EXIT else f" with code {self.proc.returncode}"
-                raise RuntimeError(f"exited{code} before starting any rank")
+                raise RuntimeError(f"exited with code {self.proc.returncode} before starting any rank")
             if time.monotonic() > end:
                 raise RuntimeError(f"started no rank within {START_TIMEOUT:.0f} s")
             if select.select([self.status_fd], [], [], 0.1)[0] and self._read() == 0:
@@ -155,9 +146,7 @@ class ForkServer:
 
     def _kill(self) -> None:
         """Kill the server; its ranks follow (PR_SET_PDEATHSIG, or their watchdog)."""
-        if not isinstance(self.proc, subprocess.Popen):
-            self.proc.kill()  # one the zygote forked: through its pidfd
-        elif self.proc.returncode is None:
+        if self.proc.returncode is None:
             try:
                 os.killpg(self.proc.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
@@ -219,20 +208,9 @@ def _become_rank(index: int, spec: dict, server: int) -> None:
     import torch
 
     torch.seed()  # a fresh interpreter seeds torch's generator from the OS; forked ranks would all share one
-    # Python's random reseeds itself in a forked child. numpy.random is imported already where a zygote forked
-    # the server (a grader's probe has numpy): reseed it from the OS too.
+    # Python's random reseeds itself in a forked child; numpy's does not, where torch imported it.
     if "numpy.random" in sys.modules:
         sys.modules["numpy.random"].seed()
-    # torch read these when it was imported, which for a zygote (zygote.py) was under another environment.
-    # (Settings torch reads only at import and the course never sets, TORCH_CPP_LOG_LEVEL say, keep the zygote's.)
-    try:
-        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
-    except (KeyError, ValueError):
-        pass
-    import torch.distributed as dist
-
-    if dist.is_available():
-        dist.set_debug_level_from_env()  # TORCH_DISTRIBUTED_DEBUG (lesson 10's DETAIL runs)
     os.environ.update(RANK=str(index), LOCAL_RANK=str(index), ROLE_RANK=str(index),
                       COURSE_LAUNCH_CMD_FD=str(mine["cmd"]), COURSE_LAUNCH_RESULT_FD=str(mine["result"]),
                       COURSE_LAUNCH_STACK_FD=str(mine["stack"]),
@@ -270,7 +248,7 @@ def _serve(status: int, pids: list[int], launcher: int) -> None:
 def serve_ranks(spec: dict, parent: int) -> None:
     """Be the server: fork every rank of `spec`, report the pids, then serve (see _serve); never returns.
 
-    `parent` is the process whose end ends the server: the launcher, or the zygote that forked it (zygote.py)."""
+    `parent` is the launcher: its end ends the server."""
     from . import worker  # lean: transport and pickling
 
     if os.getppid() != parent:  # it died before we got here

@@ -15,7 +15,8 @@ from typing import Any
 from .spans import KINDS, MARK, RANGE, Span, lanes, row_label, subtract, union
 from .stats import timeline_stats
 
-# The course's colours (COURSE_DESIGN.md, "Timeline look"); wait is drawn hatched.
+# One colour per kind of work, the same in every lesson's plot (as Nsight Systems keeps its colours); wait is
+# drawn hatched.
 COLORS = {
     "compute": "#1f77b4",  # blue
     "h2d": "#d62728",      # red
