@@ -128,7 +128,8 @@ def graded(tmp_path_factory):
 def test_one_command_grades_the_class(graded):
     _, _, rows, out, seconds = graded
     assert sorted(rows) == sorted(HONEST + ATTACKING + ["unsolved", "one", "wrong"])
-    assert list(next(iter(rows.values())))[2:6] == IDS
+    assert list(next(iter(rows.values())))[3:7] == IDS
+    assert all(row["student"] == who for who, row in rows.items())  # one folder per student
     assert "9 submissions graded" in out and "total" in out
     # No submission ran into its own time limit (--timeout 120). A bound on the class's wall time would fail on a
     # loaded machine, and says nothing about correctness.

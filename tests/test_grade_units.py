@@ -193,12 +193,12 @@ def test_find_master_by_name(tmp_path):
 
 
 def _grades():
-    a = grade.Grade("s/alice.ipynb", "notebooks/99_fixture.ipynb", [
+    a = grade.Grade("class/alice/99_fixture.ipynb", "notebooks/99_fixture.ipynb", [
         grade.ExerciseResult("ex99_add", 2, 2, "passed"),
         grade.ExerciseResult("ex99_mean", 3, 0, "failed", "ex99_mean: expected mean 2.5, saw 2.0"),
         grade.ExerciseResult("ex99_gpu", 1, 0, "skipped", "needs a GPU"),
     ], seconds=3.0)
-    b = grade.Grade("s/bob.ipynb", "notebooks/99_fixture.ipynb", [
+    b = grade.Grade("class/bob/99_fixture.ipynb", "notebooks/99_fixture.ipynb", [
         grade.ExerciseResult("ex99_add", 2, 0, "not attempted", "the solution is still `raise NotImplementedError()`"),
         grade.ExerciseResult("ex99_mean", 3, 3, "passed"),
         grade.ExerciseResult("ex99_gpu", 1, 0, "skipped", "needs a GPU"),
@@ -210,10 +210,14 @@ def test_csv_has_a_row_per_submission_and_a_column_per_exercise(tmp_path):
     path = tmp_path / "scores.csv"
     grade.write_csv(_grades(), path)
     rows = list(csv.DictReader(path.open()))
-    assert list(rows[0]) == ["submission", "master", "ex99_add", "ex99_mean", "ex99_gpu", "total", "max", "notes"]
-    assert [(r["submission"], r["ex99_add"], r["ex99_mean"], r["total"], r["max"]) for r in rows] == [
-        ("s/alice.ipynb", "2", "0", "2", "6"), ("s/bob.ipynb", "0", "3", "3", "6")]
-    assert "ex99_gpu: skipped" in rows[0]["notes"] and "ex99_mean: failed" in rows[0]["notes"]
+    assert list(rows[0]) == ["student", "submission", "master", "ex99_add", "ex99_mean", "ex99_gpu", "total", "max",
+                             "notes"]
+    assert [(r["student"], r["ex99_add"], r["ex99_mean"], r["total"], r["max"]) for r in rows] == [
+        ("alice", "2", "0", "2", "6"), ("bob", "0", "3", "3", "6")]
+    assert rows[0]["submission"] == "class/alice/99_fixture.ipynb"
+    # what did not pass, and why
+    assert "ex99_gpu: skipped (needs a GPU)" in rows[0]["notes"]
+    assert "ex99_mean: failed (ex99_mean: expected mean 2.5, saw 2.0)" in rows[0]["notes"]
     assert rows[1]["notes"].startswith("cannot read the submission")
 
 
@@ -222,7 +226,7 @@ def test_junit_reports_each_exercise(tmp_path):
     grade.write_junit(_grades(), path)
     root = ET.parse(path).getroot()
     suites = root.findall("testsuite")
-    assert [s.get("name") for s in suites] == ["s/alice.ipynb", "s/bob.ipynb"]
+    assert [s.get("name") for s in suites] == ["class/alice/99_fixture.ipynb", "class/bob/99_fixture.ipynb"]
     assert (suites[0].get("tests"), suites[0].get("failures"), suites[0].get("skipped")) == ("3", "1", "1")
     cases = {c.get("name"): c for c in suites[0].findall("testcase")}
     assert cases["ex99_add"].find("failure") is None and cases["ex99_add"].find("skipped") is None
@@ -236,6 +240,13 @@ def test_table_shows_scores_and_total():
     text = grade.format_table(_grades()[0])
     assert "ex99_mean" in text and "0/3" in text and "expected mean 2.5" in text
     assert "total" in text and "2/6" in text and "1 points skipped" in text
+
+
+def test_long_messages_are_cut_in_the_table_unless_verbose():
+    g = _grades()[0]
+    g.exercises[1].message = "ex99_mean: " + "the whole story " * 40 + "THE END"
+    assert "THE END" not in grade.format_table(g) and "--verbose shows all" in grade.format_table(g)
+    assert "THE END" in grade.format_table(g, verbose=True)
 
 
 def test_messages_are_made_safe_for_reports():

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from .checks_modules import CHECKS_MODULES_ENV
 from .grader import GradeError, Grader, Options, _label, visible_gpus  # noqa: F401  (re-exported)
-from .report import Grade, format_table, write_csv, write_junit
+from .report import FAILED, NOT_ATTEMPTED, Grade, format_table, write_csv, write_junit
 
 # ---------------------------------------------------------------------------------------------- one call
 
@@ -100,6 +100,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--junit", type=Path, help="write JUnit XML for CI systems")
     parser.add_argument("--executed-dir", type=Path,
                         help="also run each notebook (sandboxed) and keep it here as feedback; verdicts ignore it")
+    parser.add_argument("-v", "--verbose", action="store_true", help="show every message in full in the tables")
+    parser.add_argument("--strict", action="store_true",
+                        help="exit 1 unless every exercise passed (or was skipped for want of a GPU): a self-check")
     parser.add_argument("--no-sandbox", action="store_true",
                         help="run students' code without bubblewrap: only for trusted work (your own solutions)")
     args = parser.parse_args(argv)
@@ -130,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"grade: error: {result}", file=sys.stderr)
             else:
                 grades.append(result)
-                print(format_table(result), flush=True)
+                print(format_table(result, verbose=args.verbose), flush=True)
     if len(grades) > 1:
         total = sum(g.total for g in grades)
         print(f"{len(grades)} submissions graded; mean score {round(total / len(grades), 2):g}")
@@ -138,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
         write_csv(grades, args.csv)
     if args.junit:
         write_junit(grades, args.junit)
+    if args.strict and any(r.status in (FAILED, NOT_ATTEMPTED) for g in grades for r in g.exercises):
+        return 1
     return 1 if errors else 0
 
 

@@ -49,7 +49,14 @@ def _num(x: float) -> str:
     return f"{x:g}"
 
 
-def format_table(grade: Grade) -> str:
+def student(submission: str) -> str:
+    """Who a submission is from: the name of its folder (one folder per student), else its file's stem."""
+    path = Path(submission)
+    return path.parent.name or path.stem
+
+
+def format_table(grade: Grade, verbose: bool = False) -> str:
+    """The submission's exercises, points, statuses and messages (cut to 200 characters unless `verbose`)."""
     width = max([len("exercise")] + [len(r.grade_id) for r in grade.exercises])
     lines = [f"{grade.submission}  (master {grade.master}, {grade.seconds:.1f} s)"]
     if grade.stopped:
@@ -57,7 +64,7 @@ def format_table(grade: Grade) -> str:
     lines.append(f"  {'exercise':<{width}}  {'points':>7}  {'status':<13}  message")
     for r in grade.exercises:
         msg = " ".join(r.message.split())
-        msg = msg if len(msg) <= 200 else msg[:197] + "..."
+        msg = msg if verbose or len(msg) <= 200 else msg[:197] + "... (--verbose shows all)"
         pts = f"{_num(r.score)}/{_num(r.points)}"
         lines.append(f"  {r.grade_id:<{width}}  {pts:>7}  {r.status:<13}  {msg}".rstrip())
     total = f"{_num(grade.total)}/{_num(grade.max_points)}"
@@ -68,19 +75,21 @@ def format_table(grade: Grade) -> str:
 
 
 def write_csv(grades: list[Grade], path: str | os.PathLike) -> None:
-    """One row per submission: its score on each exercise, total, max, and notes on what did not pass."""
+    """One row per submission: the student, its score on each exercise, total, max, and what did not pass and why."""
     ids: list[str] = []
     for g in grades:
         ids += [r.grade_id for r in g.exercises if r.grade_id not in ids]
     with open(path, "w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f, lineterminator="\n")
-        writer.writerow(["submission", "master", *ids, "total", "max", "notes"])
+        writer.writerow(["student", "submission", "master", *ids, "total", "max", "notes"])
         for g in grades:
             got = g.by_id()
-            notes = [f"{r.grade_id}: {r.status}" for r in g.exercises if r.status != PASSED]
+            notes = [f"{r.grade_id}: {r.status}" + (f" ({' '.join(r.message.split())[:300]})" if r.message else "")
+                     for r in g.exercises if r.status != PASSED]
             if g.stopped:
                 notes.insert(0, g.stopped)
-            row = [g.submission, Path(g.master).name] + [_num(got[i].score) if i in got else "" for i in ids]
+            row = [student(g.submission), g.submission, Path(g.master).name]
+            row += [_num(got[i].score) if i in got else "" for i in ids]
             writer.writerow(row + [_num(g.total), _num(g.max_points), "; ".join(notes)])
 
 

@@ -1,0 +1,53 @@
+"""`make check`: a student checks their own lessons as the grader scores them, with a table and an exit code.
+
+Shown on the fixture lesson (tests/fixtures/grading/99_fixture.ipynb) in a workspace of its own: solved, unsolved
+and wrong versions."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from course_utils import release
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURE = ROOT / "tests" / "fixtures" / "grading"
+MASTER = FIXTURE / "99_fixture.ipynb"
+WRONG = {"ex99_add": "    return a - b\n"}
+
+
+def make_check(workspace: Path, nb) -> subprocess.CompletedProcess:
+    (workspace / "notebooks").mkdir(parents=True)
+    (workspace / "notebooks" / MASTER.name).write_text(release.dumps(nb))
+    env = {**os.environ, "COURSE_CHECKS_MODULES": str(FIXTURE / "fixture_checks.py"), "CUDA_VISIBLE_DEVICES": ""}
+    env.pop("COURSE_REQUIRE_GPU", None)
+    return subprocess.run(["make", "-s", "check", "NB=99_fixture", f"LAB_WORKSPACE={workspace}",
+                           f"MASTER_DIR={FIXTURE}", f"PY={sys.executable}"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("version", ["solved", "unsolved", "wrong"])
+def test_make_check_reports_each_exercise_and_fails_unless_all_pass(version, tmp_path):
+    master = nbformat.read(MASTER, as_version=4)
+    nb = {"solved": master, "unsolved": release.student_version(master, "fixture"),
+          "wrong": release.substitute(master, WRONG, "fixture")}[version]
+    run = make_check(tmp_path / "ws", nb)
+    out = run.stdout
+    assert "\x1b" not in out + run.stderr  # a plain table, no colour codes
+    for gid in ("ex99_add", "ex99_mean", "ex99_gpu", "ex99_scale"):
+        assert gid in out, out
+    if version == "solved":
+        assert run.returncode == 0, out + run.stderr
+        assert "not attempted" not in out and "failed" not in out
+        assert "skipped" in out  # the GPU exercise, on a machine without one
+    elif version == "unsolved":
+        assert run.returncode == 1, out + run.stderr
+        assert "not attempted" in out and "raise NotImplementedError()" in out
+    else:
+        assert run.returncode == 1, out + run.stderr
+        assert "failed" in out and "ex99_add" in out
