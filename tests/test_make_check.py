@@ -46,8 +46,8 @@ def test_make_check_reports_each_exercise_and_fails_unless_all_pass(version, tmp
         assert "not attempted" not in out and "failed" not in out
         assert "skipped" in out  # the GPU exercise, on a machine without one
     elif version == "unsolved":
-        assert run.returncode == 1, out + run.stderr
+        assert run.returncode != 0, out + run.stderr  # (make passes on the command's 1 as its own 2)
         assert "not attempted" in out and "raise NotImplementedError()" in out
     else:
-        assert run.returncode == 1, out + run.stderr
+        assert run.returncode != 0, out + run.stderr  # (make passes on the command's 1 as its own 2)
         assert "failed" in out and "ex99_add" in out
