@@ -13,8 +13,6 @@ from .grading.release import (  # noqa: F401  (re-exported)
     STUB,
     Exercise,
     ReleaseError,
-    _blocks,
-    _reindent,
     dumps,
     exercises,
     is_check_cell,
@@ -23,6 +21,7 @@ from .grading.release import (  # noqa: F401  (re-exported)
     nbgrader_meta,
     release,
     replace_blocks,
+    solution_blocks,
     student_version,
     substitute,
 )

@@ -84,7 +84,7 @@ def indents(master: assemble.Master) -> dict[str, list[str]]:
         flags = []
         for i in ex.solutions:
             lines = master.source(i).split("\n")
-            flags += [_enclosing(lines, b) for b, _ in release._blocks(master.source(i), "master")]
+            flags += [_enclosing(lines, b) for b, _ in release.solution_blocks(master.source(i), "master")]
         out[ex.grade_id] = flags
     return out
 

@@ -77,7 +77,8 @@ def test_a_class_graded_with_four_jobs_gives_exactly_the_honest_ones_their_point
         flags[ex.grade_id] = []
         for i in ex.solutions:
             lines = master.source(i).split("\n")
-            flags[ex.grade_id] += [lines[b] != lines[b].lstrip() for b, _ in release._blocks(master.source(i), "m")]
+            blocks = release.solution_blocks(master.source(i), "m")
+            flags[ex.grade_id] += [lines[b] != lines[b].lstrip() for b, _ in blocks]
     nb = nbformat.read(lesson, as_version=4)
     subs = {f"honest{i}": nb for i in range(3)}
     for name in ("shadow_check", "patch_timers", "equal_to_anything"):

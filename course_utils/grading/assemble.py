@@ -92,9 +92,9 @@ def _find_cell(sub, cell) -> str | None:
 
 def extract_regions(master_source: str, sub_source: str) -> list[str]:
     """The text standing in `sub_source` where `master_source` has its solution blocks, one per block."""
-    blocks = release._blocks(master_source, "master")
+    blocks = release.solution_blocks(master_source, "master")
     try:
-        own = release._blocks(sub_source, "submission")
+        own = release.solution_blocks(sub_source, "submission")
     except release.ReleaseError:
         own = []
     sub_lines = sub_source.split("\n")
@@ -140,7 +140,7 @@ def attempted(ex: MasterExercise, regs: dict[int, list[str] | None]) -> bool:
 
 def _solution_source(master: Master, index: int, regs: dict[int, list[str] | None]) -> str:
     texts = regs.get(index)
-    n = len(release._blocks(master.source(index), "master"))
+    n = len(release.solution_blocks(master.source(index), "master"))
     return release.replace_blocks(master.source(index), texts if texts is not None else [STUB] * n)
 
 

@@ -30,7 +30,7 @@ import sys
 from pathlib import Path
 
 from .checks_modules import CHECKS_MODULES_ENV
-from .grader import GradeError, Grader, Options, _label, visible_gpus  # noqa: F401  (re-exported)
+from .grader import GradeError, Grader, Options, visible_gpus  # noqa: F401  (re-exported)
 from .report import FAILED, NOT_ATTEMPTED, Grade, format_table, write_csv, write_junit
 
 # ---------------------------------------------------------------------------------------------- one call

@@ -57,7 +57,7 @@ def is_solution_cell(cell) -> bool:
     return bool(nbgrader_meta(cell).get("solution")) and cell.get("cell_type") == "code"
 
 
-def _blocks(source: str, where: str) -> list[tuple[int, int]]:
+def solution_blocks(source: str, where: str) -> list[tuple[int, int]]:
     """(begin_line, end_line) of each solution block; raise ReleaseError if markers are unbalanced."""
     blocks, begin = [], None
     for i, line in enumerate(source.split("\n")):
@@ -85,7 +85,7 @@ def replace_blocks(source: str, replacements: list[str], where: str = "cell") ->
     Blocks beyond len(replacements) are left as they are.
     """
     lines = source.split("\n")
-    blocks = _blocks(source, where)
+    blocks = solution_blocks(source, where)
     for (begin, end), text in reversed(list(zip(blocks, replacements, strict=False))):
         indent = lines[begin][: len(lines[begin]) - len(lines[begin].lstrip())]
         lines[begin : end + 1] = _reindent(text, indent)
@@ -123,7 +123,7 @@ def exercises(nb, name: str = "notebook", require_markers: bool = True) -> list[
     for i, cell in enumerate(nb.cells):
         where = f"{name}, cell {i}"
         if cell.cell_type == "code":
-            has_blocks = bool(_blocks(cell.source, where))
+            has_blocks = bool(solution_blocks(cell.source, where))
         else:
             has_blocks = False
         meta = nbgrader_meta(cell)
@@ -176,7 +176,7 @@ def student_version(master, name: str = "notebook", completed: tuple[str, ...] |
         cell.outputs = []
         cell.execution_count = None
         if is_solution_cell(cell):
-            blocks = _blocks(cell.source, f"{name}, cell {i}")
+            blocks = solution_blocks(cell.source, f"{name}, cell {i}")
             if i in keep:
                 lines = cell.source.split("\n")
                 answers = ["\n".join(lines[b + 1 : e]) for b, e in blocks]
@@ -205,7 +205,7 @@ def substitute(master, answers: dict[str, str], name: str = "notebook"):
         parts = _split_parts(text)
         for i in found[gid].solution_indices:
             cell = nb.cells[i]
-            n = len(_blocks(cell.source, f"{name}, cell {i}"))
+            n = len(solution_blocks(cell.source, f"{name}, cell {i}"))
             cell.source = replace_blocks(cell.source, parts[:n], f"{name}, cell {i}")
             parts = parts[n:]
     return nb
