@@ -351,3 +351,25 @@ def test_without_bubblewrap_grading_refuses_and_says_how_to_install_it(tmp_path)
     trusted = subprocess.run(cmd + ["--no-sandbox"], env=env, capture_output=True, text=True, timeout=300)
     assert trusted.returncode == 0, trusted.stdout[-2000:] + trusted.stderr[-2000:]
     assert "ex99_add" in trusted.stdout and "passed" in trusted.stdout
+
+
+def test_an_error_in_the_learners_code_names_their_line_not_the_checkers():
+    """A check cell whose answer raises shows one CheckFailed: the exercise, the error, and the learner's own
+    line, without the checker's frames (the raw traceback ran through checks/ for 30 lines)."""
+    import linecache
+
+    from course_utils import checks
+    from course_utils.grading.checks_modules import import_checks_module
+
+    import_checks_module(str(MASTER.parent / "fixture_checks.py"))
+    cell = "/tmp/ipykernel_0/cell_7.py"  # where ipykernel files a cell's code
+    src = "def add(a, b):\n    pair = (a,)\n    return pair[b]\n"
+    linecache.cache[cell] = (len(src), None, src.splitlines(True), cell)
+    ns: dict = {}
+    exec(compile(src, cell, "exec"), ns)
+    with pytest.raises(checks.CheckFailed) as info:
+        checks.check("ex99_add", ns["add"])
+    msg = str(info.value)
+    assert msg.startswith("ex99_add: your code raised IndexError: tuple index out of range"), msg
+    assert "line 3 of your code: `return pair[b]`" in msg
+    assert info.value.__cause__ is None and info.value.__suppress_context__

@@ -223,6 +223,22 @@ def _skip(grade_id: str, detail: str = "") -> None:
           + (f"; {detail}" if detail else "") + ")")
 
 
+def _your_line(err: BaseException) -> str:
+    """ ", in line N of your code: `...`" for the last frame of the traceback outside the course's package and
+    the installed libraries (the learner's cell), or "" where there is none."""
+    import sys
+    import traceback
+
+    ours = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    libraries = {sys.prefix, sys.base_prefix}
+    theirs = [f for f in traceback.extract_tb(err.__traceback__)
+              if not f.filename.startswith(ours) and not any(f.filename.startswith(p) for p in libraries)]
+    if not theirs:
+        return ""
+    frame = theirs[-1]
+    return f", in line {frame.lineno} of your code: `{(frame.line or '').strip()}`"
+
+
 def check(grade_id: str, answer: Any) -> None:
     """Run exercise `grade_id` on the student's `answer`, here, and print the verdict.
 
@@ -234,7 +250,16 @@ def check(grade_id: str, answer: Any) -> None:
         _skip(grade_id)
         return
     inputs = plain({**ex.inputs(), "gpu": gpu})
-    data = from_bytes(to_bytes(ex.probe(answer, inputs)))  # the same plain-data trip the grader makes
+    try:
+        result = ex.probe(answer, inputs)
+    except (CheckFailed, NotImplementedError):
+        raise
+    except Exception as err:  # the learner's code failed: say where in it, not where in the checker
+        where = _your_line(err)
+        if not where:
+            raise
+        raise CheckFailed(f"{grade_id}: your code raised {type(err).__name__}: {err}{where}") from None
+    data = from_bytes(to_bytes(result))  # the same plain-data trip the grader makes
     detail = ex.judge(inputs, data)
     if ex.needs_gpu and not gpu:
         _skip(grade_id, CPU_PART_PASSED)
