@@ -27,6 +27,9 @@ case "$MODE" in
     exit 2
     ;;
 esac
+# In the lab, an unsolved exercise's check cell says "not attempted yet" and Run All goes on (course_utils.checks);
+# the self-check (make check) and the grader still count it.
+export COURSE_LAB=1
 token=$("$PY" -c "import secrets; print(secrets.token_hex(24))")
 # The URL is printed by a helper that reads the port and token from the server itself (Jupyter moves to the
 # next free port if PORT is taken) and waits until the server answers; `exec` keeps this shell's pid for Jupyter.
