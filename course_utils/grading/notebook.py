@@ -175,8 +175,7 @@ async def _run(nb, *, kernel_name, cwd, cell_timeout, timeout, max_cell_output, 
     )
     client.reset_execution_trackers()
     # Python finds the checks modules given by file beside the course package.
-    python_path = os.pathsep.join(sorted({str(Path(f).parent) for f in read_only}) + [
-        sandboxing.env(box)["PYTHONPATH"]])
+    python_path = os.pathsep.join(sorted({str(Path(f).parent) for f in read_only}) + sandboxing.python_path())
     cuda = ",".join(str(i) for i in range(len(gpus))) if sandboxed else ",".join(gpus)
     environ = sandboxing.env(box, cuda, {"PYTHONPATH": python_path})
     client.km = _SandboxedKernelManager(kernel_name=kernel_name, transport="ipc", ip=str(box.root / "tmp" / "ipc"),

@@ -28,6 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from ..launch.procs import children
+
 SANDBOX_UID = 65534  # "nobody": owns nothing of ours
 TMPFS_BYTES = 2 << 30  # /tmp and /dev/shm inside: private, memory-backed, capped
 INSTALL_HINT = ("install bubblewrap (Debian/Ubuntu: `sudo apt-get install bubblewrap`; `make test` does it when run "
@@ -99,7 +101,7 @@ def env(box: Sandbox, cuda_visible_devices: str = "", extra: dict[str, str] | No
         "JUPYTER_CONFIG_DIR": str(root / "home" / ".jupyter"),
         "JUPYTER_DATA_DIR": str(root / "home" / ".local" / "share" / "jupyter"),
         "JUPYTER_RUNTIME_DIR": str(root / "tmp"),
-        "PYTHONPATH": os.pathsep.join(_python_path()),
+        "PYTHONPATH": os.pathsep.join(python_path()),
         "PYTHONDONTWRITEBYTECODE": "1",
         "PYTHONUNBUFFERED": "1",
         "MPLBACKEND": "Agg",
@@ -115,7 +117,7 @@ def _course_package() -> Path:
     return Path(course_utils.__file__).resolve().parent
 
 
-def _python_path() -> list[str]:
+def python_path() -> list[str]:
     """Where the sandbox finds the course package and the package folders named in our PYTHONPATH."""
     own = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and _is_package_folder(Path(p))]
     return [str(_course_package().parent)] + own
@@ -248,24 +250,11 @@ def _state(pid: int) -> str:
         return ""
 
 
-def _children(pid: int) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
-                        found.append(int(entry))
-            except (OSError, IndexError, ValueError):
-                continue
-    return found
-
-
 def stop(pid: int, timeout: float = 10) -> None:
     """SIGKILL the sandbox whose first process (bwrap, or the unshare/setpriv before it) is `pid`, our child and
     not yet reaped, then wait until the sandbox's own first process has ended: the kernel ends every other process
     of its PID namespace before that one is gone, so on return nothing the student started is running."""
-    inside = _children(pid)  # bwrap's child: pid 1 of the sandbox's PID namespace
+    inside = children(pid)  # bwrap's child: pid 1 of the sandbox's PID namespace
     try:
         os.killpg(pid, signal.SIGKILL)  # our child leads its own session (start_new_session)
     except (ProcessLookupError, PermissionError):
