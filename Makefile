@@ -13,7 +13,7 @@ else
 SETUP :=
 endif
 
-.PHONY: lab lab-instructor check reset-notebook test test-gpu test-gpu-tests test-gpu-tests-1 test-gpu-tests-2 test-gpu-tests-3 test-gpu-tests-4 test-gpu-notebooks test-gpu-notebooks-1 test-gpu-notebooks-2 lint unit notebooks clean
+.PHONY: lab lab-instructor check reset-notebook test test-gpu test-gpu-tests test-gpu-tests-1 test-gpu-tests-2 test-gpu-tests-3 test-gpu-tests-4 test-gpu-tests-5 test-gpu-notebooks test-gpu-notebooks-1 test-gpu-notebooks-2 lint unit notebooks clean
 
 $(VENV)/.installed: pyproject.toml launch/setup_env.sh
 	VENV=$(VENV) bash launch/setup_env.sh
@@ -47,22 +47,20 @@ test: lint
 	bash tests/install_browser.sh
 	$(PY) -m pytest -n $(JOBS) --dist loadgroup --durations=30 tests --nbmake notebooks
 
-# Same suite on a GPU box; any test or exercise skipped for want of a GPU is a failure. In six parts, each
-# meant to stay under 10 minutes (one command's limit on the lent GPU machines): every test and notebook that
-# times the GPU holds every GPU alone, so a part's GPU work runs one piece after another. Parts 2 and 3 hold the
-# tests that start ranks (2: the launcher and lessons 05-07; 3: lessons 08-10, DDP training, Slurm, the browser
-# and the lab; together they took 575 s on 4xH100 at JOBS=8, too close to the limit as one part); part 4 the
-# grader and the exercises' solutions and wrong answers; part 1 every other test file (with part 4 it took 454 s
-# on one H100 at JOBS=8 and over 600 s on a slower one); then the notebooks in two parts. A notebook that a GPU
-# test already executes live is not executed twice (tests/conftest.py).
-# Notebook-only runs load tests/conftest.py as a plugin (-p): pytest loads a conftest only for the folders it
-# collects, and without it notebooks would share the GPUs and strays would go unnoticed.
-GPU_TESTS_2 := $(wildcard tests/test_launch*.py tests/test_lesson0[5-7]_*.py)
-GPU_TESTS_3 := $(wildcard tests/test_lesson0[8-9]_*.py tests/test_lesson10_*.py tests/test_train_ddp.py \
-                          tests/test_slurm.py tests/test_browser.py tests/test_lab.py)
-GPU_TESTS_4 := $(wildcard tests/test_grade*.py tests/test_exercises_*.py)
-GPU_TESTS_1 := $(filter-out $(GPU_TESTS_2) $(GPU_TESTS_3) $(GPU_TESTS_4),$(wildcard tests/test_*.py))
+# Same suite on a GPU box; any test or exercise skipped for want of a GPU is a failure. In parts, each meant to
+# stay under 10 minutes (one command's limit on the lent GPU machines): every test and notebook that times the GPU
+# holds every GPU alone, so a part's GPU work runs one piece after another. The test parts select by marker
+# (pyproject.toml): `lesson` (every test under tests/lessons/), `ranks` (tests that start ranks) and `grading`;
+# part 1 is everything else. Then the notebooks in two parts. A notebook that its lesson's test executes live is not
+# executed twice (tests/conftest.py). Notebook-only runs load tests/conftest.py as a plugin (-p): pytest loads a
+# conftest only for the folders it collects, and without it notebooks would share the GPUs and strays would go
+# unnoticed.
 GPU_PYTEST  := COURSE_REQUIRE_GPU=1 $(PY) -m pytest -n $(JOBS) --dist loadgroup --durations=30
+GPU_PART_1  := not lesson and not ranks and not grading
+GPU_PART_2  := ranks and not lesson and not grading
+GPU_PART_3  := lesson and not ranks
+GPU_PART_4  := lesson and ranks
+GPU_PART_5  := grading
 
 NB_PYTEST   := -p tests.conftest --nbmake
 GPU_NOTEBOOKS_1 := $(wildcard notebooks/0[0-4]_*.ipynb)
@@ -70,19 +68,11 @@ GPU_NOTEBOOKS_2 := $(filter-out $(GPU_NOTEBOOKS_1),$(wildcard notebooks/*.ipynb)
 
 test-gpu: test-gpu-tests test-gpu-notebooks
 
-test-gpu-tests: test-gpu-tests-1 test-gpu-tests-2 test-gpu-tests-3 test-gpu-tests-4
+GPU_TEST_PARTS := test-gpu-tests-1 test-gpu-tests-2 test-gpu-tests-3 test-gpu-tests-4 test-gpu-tests-5
+test-gpu-tests: $(GPU_TEST_PARTS)
 
-test-gpu-tests-1: $(SETUP)
-	$(GPU_PYTEST) $(GPU_TESTS_1)
-
-test-gpu-tests-2: $(SETUP)
-	$(GPU_PYTEST) $(GPU_TESTS_2)
-
-test-gpu-tests-3: $(SETUP)
-	$(GPU_PYTEST) $(GPU_TESTS_3)
-
-test-gpu-tests-4: $(SETUP)
-	$(GPU_PYTEST) $(GPU_TESTS_4)
+$(GPU_TEST_PARTS): test-gpu-tests-%: $(SETUP)
+	$(GPU_PYTEST) tests -m "$(GPU_PART_$*)"
 
 test-gpu-notebooks: test-gpu-notebooks-1 test-gpu-notebooks-2
 

@@ -11,11 +11,13 @@ checks. Whatever a test left running is named and ended when the session ends.
 
 from __future__ import annotations
 
+import ast
 import functools
 import os
 import re
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -37,27 +39,38 @@ def is_gpu_skip(reason: str) -> bool:
     return bool(re.search(r"\b(GPU|GPUs|CUDA|cuda|NCCL)\b", reason))
 
 
-# Notebooks that a GPU test executes whole and live, to check the facts they print: notebook -> (that test, the
-# GPUs it needs). Under `make test-gpu` (COURSE_REQUIRE_GPU=1), where that test runs, nbmake does not execute the
-# notebook a second time: on a GPU box every notebook holds the GPUs alone, and these are among the longest.
-EXECUTED_BY_TESTS = {
-    "02_cuda_streams.ipynb": ("tests/test_lesson02_streams.py::test_the_notebook_on_this_gpu_shows_the_facts", 1),
-    "06_collectives.ipynb": ("tests/test_lesson06_collectives.py::test_the_notebook_on_these_gpus_shows_the_facts", 2),
-    "07_ring_allreduce.ipynb": ("tests/test_lesson07_ring.py::test_the_notebook_on_gpus_shows_the_facts", 2),
-    "08_overlap_and_bucketing.ipynb": (
-        "tests/test_lesson08_data_parallel.py::test_the_notebook_on_two_gpus_shows_the_facts", 2),
-}
+# A lesson whose test file (tests/lessons/test_<notebook stem>.py) defines this test executes its notebook whole and
+# live on the GPUs, to check the facts it prints. Under `make test-gpu` (COURSE_REQUIRE_GPU=1), where that test runs
+# (two GPUs if it is marked multigpu, else one), nbmake does not execute the notebook a second time: on a GPU box
+# every notebook holds the GPUs alone, and these are among the longest.
+EXECUTING_TEST = "test_the_notebook_on_gpus_shows_the_facts"
+LESSON_TESTS = Path(__file__).parent / "lessons"
+
+
+@functools.cache
+def executing_test(notebook: str) -> tuple[str | None, int]:
+    """(the test that executes `notebook` live, the GPUs it needs), or (None, 0) when its lesson has none."""
+    path = LESSON_TESTS / f"test_{Path(notebook).stem}.py"
+    if not path.is_file():
+        return None, 0
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.FunctionDef) and node.name == EXECUTING_TEST:
+            multi = any("multigpu" in ast.unparse(d) for d in node.decorator_list)
+            return f"tests/lessons/{path.name}::{EXECUTING_TEST}", 2 if multi else 1
+    return None, 0
 
 
 def executed_by_a_test(item, gpus: int) -> str | None:
     """The test that executes this notebook item live on `gpus` GPUs under make test-gpu (None: nbmake runs it)."""
-    test, needs = EXECUTED_BY_TESTS.get(item.path.name, (None, 0)) if item.path.suffix == ".ipynb" else (None, 0)
+    test, needs = executing_test(item.path.name) if item.path.suffix == ".ipynb" else (None, 0)
     return test if REQUIRE_GPU and test and gpus >= needs else None
 
 
 def pytest_collection_modifyitems(config, items):
     n = _cuda_count()
     for item in items:
+        if LESSON_TESTS in item.path.parents:
+            item.add_marker(pytest.mark.lesson)
         if "gpu" in item.keywords and n < 1:
             item.add_marker(pytest.mark.skip(reason="needs a GPU"))
         if "multigpu" in item.keywords and n < 2:
@@ -94,8 +107,10 @@ def longest_first(items: list) -> list:
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if REQUIRE_GPU and getattr(config.option, "nbmake", False):  # said once, by the xdist controller too
         n = _cuda_count()
-        for name, (test, needs) in EXECUTED_BY_TESTS.items():
-            if n >= needs:
+        for path in sorted((config.rootpath / "notebooks").glob("*.ipynb")):
+            name = path.name
+            test, needs = executing_test(name)
+            if test and n >= needs:
                 terminalreporter.write_line(f"[conftest] {name}: not executed by nbmake here; {test} executes it")
 
 

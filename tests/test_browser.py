@@ -54,7 +54,7 @@ NOT_AN_ERROR = {
     "n/a (of": "a timeline footer row that does not apply",
 }
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800), pytest.mark.ranks]
 
 
 def chromium() -> str | None:

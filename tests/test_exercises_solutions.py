@@ -17,6 +17,8 @@ import pytest
 from course_utils import checks, grade, release
 from course_utils.grading import grade as grading
 
+pytestmark = pytest.mark.grading
+
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
 

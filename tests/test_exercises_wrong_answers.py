@@ -3,8 +3,8 @@
 tests/wrong_answers/<notebook stem>/<exercise id>.py replaces the exercise's solution block (markers included;
 `### NEXT SOLUTION` lines split it over several blocks); variants are named <exercise id>__<what>.py. The main
 wrong answers of a notebook go into one submission; each variant into a submission of its own (its other
-exercises left unsolved, so only the variant is probed; for lessons whose own tests run every variant, only the
-variants aimed at the grading itself, see EVERY_VARIANT_TESTED_IN); the grader
+exercises left unsolved, so only the variant is probed; only the variants aimed at the grading itself, as each
+lesson's own tests run every variant, see LESSON_TESTS); the grader
 (course_utils.grading) grades them all in one pass per notebook. On a CPU-only machine a GPU exercise may skip
 (0 points) instead of failing; under COURSE_REQUIRE_GPU=1 it must fail. Exercises are discovered in
 notebooks/*.ipynb when the tests run.
@@ -19,6 +19,8 @@ import pytest
 
 from course_utils import checks, grade, release
 from course_utils.grading import grade as grading
+
+pytestmark = pytest.mark.grading
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
@@ -61,38 +63,31 @@ def test_exercise_ids_are_unique_and_start_with_the_lesson_number(tmp_path):
     assert not bad, f"exercise ids start with ex<lesson number>_: {bad}"
 
 
-# Lessons whose own test file runs every one of their wrong-answer files through the notebook's check and asserts
-# its verdict and message (parametrized over the folder, so no file is left out). Through the grader, their main
-# wrong answers go together (all_wrong) with only the variants aimed at the grading itself; grading each of their
-# other variants here again cost about a minute of CI per lesson (and, for 01-04, GPU time on
-# a GPU machine, where their timing checks run one at a time).
-EVERY_VARIANT_TESTED_IN = {
-    "01_host_and_device": "test_lesson01_host_device.py",
-    "02_cuda_streams": "test_lesson02_streams.py",
-    "03_cuda_events": "test_lesson03_events.py",
-    "04_async_memcpy": "test_lesson04_copies.py",
-    "05_ranks_and_point_to_point": "test_lesson05_p2p.py",
-    "06_collectives": "test_lesson06_collectives.py",
-    "07_ring_allreduce": "test_lesson07_ring.py",
-    "08_overlap_and_bucketing": "test_lesson08_data_parallel.py",
-    "09_ddp": "test_lesson09_ddp.py",
-    "10_debugging_distributed": "test_lesson10_debugging.py",
-}
+# Every lesson's own test file (tests/lessons/test_<stem>.py) runs every one of its wrong-answer files through the
+# notebook's check and asserts its verdict and message (parametrized over the folder, so no file is left out).
+# Through the grader, a lesson's main wrong answers go together (all_wrong) with only the variants aimed at the
+# grading itself; grading its other variants here again cost about a minute of CI per lesson (and, for 01-04, GPU
+# time on a GPU machine, where their timing checks run one at a time).
+LESSON_TESTS = ROOT / "tests" / "lessons"
+
+
 # Aimed at the grading itself, or (the last two) at a measurement the grader's probe takes afresh.
 GRADING_VARIANTS = ("equal_to_anything", "always_equal", "reads_the_check", "uses_the_check", "hangs", "uses_bench",
                     "changes_workload_class", "fake_copy_spans")
 
 
-def through_the_grader(stem: str, variant: str) -> bool:
-    """Whether the variant file `variant` (<exercise id>__<what>) of lesson `stem` is graded here."""
-    return stem not in EVERY_VARIANT_TESTED_IN or variant.split("__")[-1].endswith(GRADING_VARIANTS)
+def through_the_grader(variant: str) -> bool:
+    """Whether the variant file `variant` (<exercise id>__<what>) is graded here."""
+    return variant.split("__")[-1].endswith(GRADING_VARIANTS)
 
 
-def test_lessons_said_to_test_every_variant_do():
-    for stem, test_file in EVERY_VARIANT_TESTED_IN.items():
-        text = (ROOT / "tests" / test_file).read_text()
-        assert stem in text, f"{test_file} is not lesson {stem}'s test"
-        assert "WRONG.glob(" in text, f"{test_file} does not run every file of tests/wrong_answers/{stem}/"
+@pytest.mark.parametrize("master", PARAMS, **IDS)
+def test_each_lesson_runs_every_one_of_its_wrong_answers(master):
+    test_file = LESSON_TESTS / f"test_{master.stem}.py"
+    assert test_file.is_file(), f"lesson {master.stem} has no tests: write {test_file.relative_to(ROOT)}"
+    text = test_file.read_text()
+    assert master.stem in text, f"{test_file.name} is not lesson {master.stem}'s test"
+    assert "WRONG.glob(" in text, f"{test_file.name} does not run every file of tests/wrong_answers/{master.stem}/"
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +105,7 @@ def test_wrong_answers_fail_their_checks(grader, master, tmp_path):
     if not main:
         pytest.fail(f"no wrong answers for {master.name}")
     subs = {"all_wrong": main} | {f.stem: {f.stem.split("__")[0]: f.read_text()} for f in files
-                                  if "__" in f.stem and through_the_grader(master.stem, f.stem)}
+                                  if "__" in f.stem and through_the_grader(f.stem)}
     stubs = {ex.grade_id: release.STUB for ex in _exercises(master)}  # a variant's other exercises: not attempted
     items = []
     for name, answers in subs.items():

@@ -4,6 +4,7 @@ process a test left running is named and ended when the session ends; a worker t
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -165,29 +166,35 @@ def test_a_process_left_running_is_named_and_ended(tmp_path):
 def test_files_that_hold_the_gpus_throughout_share_one_worker_on_a_gpu_box():
     from tests.conftest import _mostly_on_the_gpu
 
-    mostly = {p.name for p in (ROOT / "tests").glob("test_*.py") if _mostly_on_the_gpu(p)}
-    assert {"test_lesson01_host_device.py", "test_lesson04_copies.py", "test_timeline_gpu.py", "test_launch_gpu.py",
+    mostly = {p.name for p in (ROOT / "tests").glob("**/test_*.py") if _mostly_on_the_gpu(p)}
+    assert {"test_01_host_and_device.py", "test_04_async_memcpy.py", "test_timeline_gpu.py", "test_launch_gpu.py",
             "test_grade_gpu.py"} <= mostly
-    assert not mostly & {"test_lesson05_p2p.py", "test_grade_attacks.py", "test_launch.py", "test_count_syncs.py"}
+    assert not mostly & {"test_05_ranks_and_point_to_point.py", "test_grade_attacks.py", "test_launch.py",
+                         "test_count_syncs.py"}
     assert _mostly_on_the_gpu(ROOT / "notebooks" / "05_ranks_and_point_to_point.ipynb")
 
 
 def test_each_notebook_left_to_a_test_is_executed_live_by_that_test_on_the_gpus_it_says():
     import ast
 
-    from tests.conftest import EXECUTED_BY_TESTS
+    from tests.conftest import executing_test
 
-    for name, (nodeid, needs) in EXECUTED_BY_TESTS.items():
+    found = {}
+    for notebook in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        nodeid, needs = executing_test(notebook.name)
+        if nodeid is None:
+            continue
+        found[notebook.stem] = needs
         path, func = nodeid.split("::")
-        tree = ast.parse((ROOT / path).read_text())
-        fn = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == func), None)
-        assert fn is not None, f"{nodeid} does not exist"
+        fn = next(n for n in ast.parse((ROOT / path).read_text()).body
+                  if isinstance(n, ast.FunctionDef) and n.name == func)
         marks = {ast.unparse(d) for d in fn.decorator_list}
-        assert ("pytest.mark.multigpu" in marks) == (needs == 2) and (needs == 1) <= ("pytest.mark.gpu" in marks)
-        body = ast.unparse(fn)
-        assert "execute_notebook(NOTEBOOK" in body, f"{nodeid} does not execute a notebook"
+        assert ("pytest.mark.multigpu" in marks) == (needs == 2)
+        assert "pytest.mark.gpu" in marks or "pytest.mark.multigpu" in marks, f"{nodeid} is not marked for GPUs"
+        assert "execute_notebook(NOTEBOOK" in ast.unparse(fn), f"{nodeid} does not execute a notebook"
         source = (ROOT / path).read_text()  # the notebook it executes is the module's NOTEBOOK
-        assert f'"notebooks" / "{name}"' in source, f"{path} does not name {name}"
+        assert f'"notebooks" / "{notebook.name}"' in source, f"{path} does not name {notebook.name}"
+    assert found == {"02_cuda_streams": 1, "06_collectives": 2, "07_ring_allreduce": 2, "08_overlap_and_bucketing": 2}
 
 
 @pytest.mark.parametrize(("require", "gpus", "left"), [(True, 2, 4), (True, 1, 1), (True, 0, 0), (False, 2, 0)])
@@ -199,7 +206,7 @@ def test_nbmake_leaves_a_notebook_to_its_test_only_under_make_test_gpu_with_enou
 
     monkeypatch.setattr(conftest, "REQUIRE_GPU", require)
     items = [SimpleNamespace(path=p) for p in sorted((ROOT / "notebooks").glob("*.ipynb"))]
-    items.append(SimpleNamespace(path=ROOT / "tests" / "test_lesson08_data_parallel.py"))
+    items.append(SimpleNamespace(path=ROOT / "tests" / "lessons" / "test_08_overlap_and_bucketing.py"))
     assert sum(bool(conftest.executed_by_a_test(i, gpus)) for i in items) == left
 
 
@@ -231,15 +238,35 @@ def test_a_notebook_only_run_loads_the_conftest_as_make_runs_it(tmp_path):
     assert res.returncode == 1 and "no conftest in this run" in res.stdout, res.stdout[-3000:]
 
 
-def test_the_gpu_test_parts_hold_every_test_file_once():
-    """make test-gpu-tests runs its parts (each meant to fit one 10-minute command): every test file in exactly one."""
+PRINT_MARKS = r"""
+def pytest_collection_finish(session):
+    with open(__import__("os").environ["MARKS_OUT"], "w") as f:
+        for item in session.items:
+            f.write(item.nodeid + "\t" + " ".join(sorted({m.name for m in item.iter_markers()})) + "\n")
+"""
+
+
+def test_the_gpu_test_parts_hold_every_test_once(tmp_path):
+    """make test-gpu-tests runs its parts (each meant to fit one 10-minute command), selected by marker: every test
+    in exactly one part, and every lesson's tests in a lesson part."""
     import shutil
+
+    from _pytest.mark.expression import Expression
 
     if shutil.which("make") is None:
         pytest.skip("make is not installed")
     dry = subprocess.run(["make", "-n", "test-gpu-tests", "PY=python3"], cwd=ROOT, capture_output=True, text=True,
                          check=True).stdout.splitlines()
-    runs = [[w for w in line.split() if w.startswith("tests/test_")] for line in dry if "pytest" in line]
-    files = [f for run in runs for f in run]
-    assert len(runs) == 4 and all(runs)
-    assert sorted(files) == sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_*.py"))
+    parts = [re.search(r' tests -m "([^"]+)"$', line).group(1) for line in dry if "pytest" in line]
+    (tmp_path / "print_marks.py").write_text(PRINT_MARKS)
+    out = tmp_path / "marks.tsv"
+    subprocess.run([sys.executable, "-m", "pytest", "-q", "--collect-only", "-p", "print_marks", "-p",
+                    "no:cacheprovider", "tests"], cwd=ROOT, check=True, capture_output=True, timeout=300,
+                   env={**nested_env(), "PYTHONPATH": f"{tmp_path}:{ROOT}", "MARKS_OUT": str(out)})
+    items = [line.split("\t") for line in out.read_text().splitlines()]
+    assert len(items) > 500 and len(parts) == 5
+    for nodeid, marks in items:
+        names = set(marks.split())
+        chosen = [p for p in parts if Expression.compile(p).evaluate(lambda m, names=names: m in names)]
+        assert len(chosen) == 1, f"{nodeid} (marks {sorted(names)}) is in the parts {chosen}"
+        assert nodeid.startswith("tests/lessons/") == ("lesson" in names), nodeid

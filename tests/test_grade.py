@@ -30,6 +30,8 @@ POINTS = {"ex99_add": 2, "ex99_mean": 3, "ex99_gpu": 1, "ex99_scale": 2}
 sys.path.insert(0, str(FIXTURES / "grading"))
 import attacks  # noqa: E402  (tests/fixtures/grading/attacks.py)
 
+pytestmark = pytest.mark.grading
+
 sys.path.remove(str(FIXTURES / "grading"))
 
 

@@ -40,7 +40,7 @@ sys.path.insert(0, str(FIXTURE_DIR))
 import attacks  # noqa: E402  (tests/fixtures/grading/attacks.py)
 
 sys.path.remove(str(FIXTURE_DIR))
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.grading]
 # The grade command, and its own peak memory (the probes' is not counted) printed at the end.
 PEAK = ("import resource, sys\nfrom course_utils.grading.grade import main\ncode = main(sys.argv[1:])\n"
         "print(f'peak RSS: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss} KiB')\nsys.exit(code)")

@@ -23,7 +23,7 @@ sys.path.insert(0, str(FIXTURE_DIR))
 import attacks  # noqa: E402  (tests/fixtures/grading/attacks.py)
 
 sys.path.remove(str(FIXTURE_DIR))
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.grading]
 
 
 def test_a_probe_uses_cuda_on_the_gpu_it_is_given_and_sees_no_other():

@@ -19,6 +19,8 @@ from course_utils.grading import grade as grading
 from course_utils.grading.notebook import run_notebook
 from tests.launch_helpers import processes_with
 
+pytestmark = pytest.mark.grading
+
 FIXTURES = Path(__file__).parent / "fixtures"
 MASTER = FIXTURES / "grading" / "99_fixture.ipynb"
 CHECKS_MODULE = str(FIXTURES / "grading" / "fixture_checks.py")

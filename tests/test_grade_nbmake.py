@@ -12,8 +12,11 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import nbformat
+import pytest
 
 from course_utils import checks, release
+
+pytestmark = pytest.mark.grading
 
 FIXTURES = Path(__file__).parent / "fixtures"
 MASTER = FIXTURES / "grading" / "99_fixture.ipynb"

@@ -23,6 +23,8 @@ from course_utils.grading.checks_modules import import_checks_module
 from course_utils.grading.probe import run_probe
 from tests.launch_helpers import processes_with
 
+pytestmark = pytest.mark.grading
+
 ROOT = Path(__file__).resolve().parents[1]
 PROBE_CHECKS = str(Path(__file__).parent / "fixtures" / "grading" / "probe_checks.py")
 INPUTS = checks.to_bytes({"gpu": False, "n": 3})

@@ -16,6 +16,8 @@ from course_utils.grading import assemble
 from course_utils.grading import grade as grading
 from course_utils.grading import grader as grader_module
 
+pytestmark = pytest.mark.grading
+
 MASTER = Path(__file__).parent / "fixtures" / "grading" / "99_fixture.ipynb"
 
 

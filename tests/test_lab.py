@@ -24,6 +24,8 @@ import pytest
 from course_utils.grading.release import BEGIN, STUB
 from course_utils.workspace import LINKS, lesson_name, reset, sync
 
+pytestmark = pytest.mark.ranks
+
 ROOT = Path(__file__).resolve().parents[1]
 MASTERS = ROOT / "notebooks"
 LESSONS = sorted(p.name for p in MASTERS.glob("*.ipynb"))

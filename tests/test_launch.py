@@ -33,6 +33,8 @@ from tests.launch_helpers import (
     tcpstore_warmed,  # noqa: F401  (an autouse fixture)
 )
 
+pytestmark = pytest.mark.ranks
+
 # ---- bad input: a clear error before any process starts ---------------------------------------------
 
 

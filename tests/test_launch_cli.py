@@ -22,6 +22,8 @@ from tests.launch_helpers import (
     tcpstore_warmed,  # noqa: F401  (an autouse fixture)
 )
 
+pytestmark = pytest.mark.ranks
+
 
 @pytest.fixture(scope="module")
 def shell():

@@ -17,6 +17,8 @@ from tests.launch_helpers import (  # noqa: F401  (fixtures)
     tcpstore_warmed,
 )
 
+pytestmark = pytest.mark.ranks
+
 WHO = cell_function("""
     import os
     import random

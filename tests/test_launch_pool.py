@@ -18,6 +18,8 @@ from tests.launch_helpers import (
     tcpstore_warmed,  # noqa: F401  (an autouse fixture)
 )
 
+pytestmark = pytest.mark.ranks
+
 
 @pytest.mark.timeout(60)
 def test_pool_keeps_ranks_and_their_state_alive(capsys):

@@ -31,7 +31,8 @@ PACKAGES = ("slurmctld", "slurmd", "slurm-client")
 OFFLINE = ("Temporary failure resolving", "Could not resolve", "Failed to fetch", "Network is unreachable",
            "Unable to locate package", "Could not connect")  # apt-get's words when it cannot download
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Slurm runs on Linux only")
+pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Slurm runs on Linux only"),
+              pytest.mark.ranks]
 
 
 def ensure_slurm() -> None:

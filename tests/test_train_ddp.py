@@ -17,6 +17,8 @@ import psutil
 import pytest
 import torch
 
+pytestmark = pytest.mark.ranks
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "launch" / "train_ddp.py"
 MULTINODE = ROOT / "launch" / "multinode_local.sh"

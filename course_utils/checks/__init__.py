@@ -1,6 +1,6 @@
 """Exercise checks: a probe that runs the student's code, and a verdict decided on plain data.
 
-Every exercise is one `Exercise`, registered by its lesson's module (checks/streams.py, ...):
+Every exercise is one `Exercise`, registered by its lesson's module (checks/cuda_streams.py, ...):
 
     def make_inputs() -> dict:                 # fresh inputs, made where the verdict is decided
         return {"n": 5, "seed": 1234}
@@ -48,9 +48,6 @@ LAB_ENV = "COURSE_LAB"  # "1" in `make lab`'s kernels: an unsolved exercise's ch
 PASS_MARKER = "passed:"
 CPU_PART_PASSED = "CPU part passed; GPU part not graded here"
 
-# Lesson modules that register exercises, imported on first look-up (checks/<module>.py).
-LESSON_MODULES = ("host_device", "streams", "events", "copies", "p2p", "collectives", "ring", "data_parallel",
-                  "ddp", "debugging")
 
 
 class CheckFailed(AssertionError):
@@ -86,10 +83,17 @@ def register(ex: Exercise) -> Exercise:
     return ex
 
 
+def lesson_modules() -> list[str]:
+    """The lesson modules that register exercises: every module of this package (checks/<lesson>.py)."""
+    import pkgutil
+
+    return sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_"))
+
+
 def exercise(grade_id: str) -> Exercise:
     """The registered exercise `grade_id` (imports the lesson modules on first use)."""
     if grade_id not in _REGISTRY:
-        for name in LESSON_MODULES:
+        for name in lesson_modules():
             try:
                 importlib.import_module(f"{__name__}.{name}")
             except ModuleNotFoundError as err:

@@ -41,7 +41,7 @@ def load_checks(extra: list[str] | tuple[str, ...] = ()) -> list[str]:
     from course_utils import checks
 
     errors = []
-    for name in checks.LESSON_MODULES:
+    for name in checks.lesson_modules():
         try:
             importlib.import_module(f"course_utils.checks.{name}")
         except ModuleNotFoundError as err:

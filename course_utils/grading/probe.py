@@ -1,7 +1,7 @@
 """Run one exercise's probe in a sandboxed process of its own and bring back its result as bytes (grader side).
 
-    outcome = run_probe(program, "ex99_add", checks.to_bytes(inputs), checks_module="course_utils.checks.ring",
-                        gpus=[], timeout=60)
+    outcome = run_probe(program, "ex99_add", checks.to_bytes(inputs),
+                        checks_module="course_utils.checks.ring_allreduce", gpus=[], timeout=60)
     outcome.status   # "ok" (outcome.data: plain data), "not attempted", "error", "timeout", "no result"
 
 Each probe is a fresh Python (probe_child.py) in bubblewrap (sandbox.py): nothing of an earlier request is in

@@ -4,7 +4,7 @@
     # another one, where it is empty.
     import sys
 
-    from course_utils.checks import debugging
+    from course_utils.checks import debugging_distributed
 
     frame = sys._getframe(1)
     while frame is not None:

@@ -18,7 +18,9 @@ from course_utils import bench, checks, launch, reference
 from course_utils.checks import collectives as c06
 from tests.exercise_cells import execute_notebook, exercise_cells, run_cells, run_in_process
 
-ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.ranks
+
+ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK = ROOT / "notebooks" / "06_collectives.ipynb"
 STEM = NOTEBOOK.stem
 WRONG = ROOT / "tests" / "wrong_answers" / STEM
@@ -332,7 +334,7 @@ def test_recording_holds_every_key_and_shows_the_facts(notebook):
 
 @pytest.mark.gpu
 @pytest.mark.multigpu
-def test_the_notebook_on_these_gpus_shows_the_facts(tmp_path):
+def test_the_notebook_on_gpus_shows_the_facts(tmp_path):
     """Execute the notebook as benchmarks/record_references.py does (NCCL on every GPU), then check its facts."""
     execute_notebook(NOTEBOOK, tmp_path, timeout=600)
     data = json.loads((tmp_path / f"{STEM}.json").read_text())["data"]

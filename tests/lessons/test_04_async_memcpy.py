@@ -14,11 +14,11 @@ import torch
 
 from course_utils import checks, reference
 from course_utils.checks import CheckFailed
-from course_utils.checks import copies as c04
+from course_utils.checks import async_memcpy as c04
 from tests.exercise_cells import exercise_cells, run_cells
 
 pytestmark = pytest.mark.gpu_timing  # on a GPU box every test here holds the GPU alone (conftest)
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK = ROOT / "notebooks" / "04_async_memcpy.ipynb"
 WRONG = ROOT / "tests" / "wrong_answers" / "04_async_memcpy"
 MiB = 1 << 20

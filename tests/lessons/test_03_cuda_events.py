@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from course_utils import checks, reference
-from course_utils.checks import events as ev
+from course_utils.checks import cuda_events as ev
 from tests.exercise_cells import exercise_cells, run_cells
 
 pytestmark = pytest.mark.gpu_timing  # on a GPU box every test here holds the GPU alone (conftest)
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK = ROOT / "notebooks" / "03_cuda_events.ipynb"
 WRONG = ROOT / "tests" / "wrong_answers" / "03_cuda_events"
 STEM = "03_cuda_events"

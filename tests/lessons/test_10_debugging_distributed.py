@@ -18,10 +18,12 @@ import pytest
 
 from course_utils import checks
 from course_utils.checks import CheckFailed
-from course_utils.checks import debugging as c10
+from course_utils.checks import debugging_distributed as c10
 from tests.launch_helpers import children
 
-ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.ranks
+
+ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK = ROOT / "notebooks" / "10_debugging_distributed.ipynb"
 WRONG = ROOT / "tests" / "wrong_answers" / NOTEBOOK.stem
 EXERCISES = {c10.EX_DIAG: "diagnose", c10.EX_UNEVEN: "train_uneven", c10.EX_SKIP: "train_skip"}

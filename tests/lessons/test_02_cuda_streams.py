@@ -14,11 +14,11 @@ import pytest
 import torch
 
 from course_utils import checks, reference
-from course_utils.checks import streams as c02
+from course_utils.checks import cuda_streams as c02
 from tests.exercise_cells import execute_notebook, exercise_cells, run_cells, run_in_process
 
 pytestmark = pytest.mark.gpu_timing  # on a GPU box every test here holds the GPU alone (conftest)
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK = ROOT / "notebooks" / "02_cuda_streams.ipynb"
 STEM = NOTEBOOK.stem
 WRONG = ROOT / "tests" / "wrong_answers" / STEM
@@ -369,7 +369,7 @@ def test_recording_holds_every_key_and_shows_the_facts(notebook):
 
 
 @pytest.mark.gpu
-def test_the_notebook_on_this_gpu_shows_the_facts(tmp_path):
+def test_the_notebook_on_gpus_shows_the_facts(tmp_path):
     """Execute the notebook as benchmarks/record_references.py does, then check every fact on what it measured."""
     execute_notebook(NOTEBOOK, tmp_path, timeout=600)
     data = json.loads((tmp_path / f"{STEM}.json").read_text())["data"]

@@ -17,10 +17,12 @@ import pytest
 import torch
 
 from course_utils import checks, launch, reference
-from course_utils.checks import ring as c07
+from course_utils.checks import ring_allreduce as c07
 from tests.exercise_cells import execute_notebook, exercise_cells, run_cells, run_in_process
 
-ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.ranks
+
+ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK = ROOT / "notebooks" / "07_ring_allreduce.ipynb"
 STEM = NOTEBOOK.stem
 WRONG = ROOT / "tests" / "wrong_answers" / STEM
@@ -307,7 +309,7 @@ def guarded_ranks():
     import torch.distributed._functional_collectives as funcol
     from torch._C._distributed_c10d import ProcessGroup
 
-    from course_utils.checks.ring import NOT_ALLOWED, P2PWatch
+    from course_utils.checks.ring_allreduce import NOT_ALLOWED, P2PWatch
 
     rank, t = dist.get_rank(), torch.arange(8.0)
     refused = {}

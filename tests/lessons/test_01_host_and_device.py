@@ -14,13 +14,13 @@ import pytest
 import torch
 
 from course_utils import checks, reference
-from course_utils.checks import host_device as hd
+from course_utils.checks import host_and_device as hd
 from tests.exercise_cells import exercise_cells, run_cells
 
 matplotlib.use("Agg")
 
 pytestmark = pytest.mark.gpu_timing  # on a GPU box every test here holds the GPU alone (conftest)
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK = ROOT / "notebooks" / "01_host_and_device.ipynb"
 STEM = NOTEBOOK.stem
 WRONG = ROOT / "tests" / "wrong_answers" / STEM

@@ -16,7 +16,9 @@ from course_utils import checks, reference
 from course_utils.checks import ddp as c09
 from tests.exercise_cells import exercise_cells, run_cells, run_in_process
 
-ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.ranks
+
+ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK = ROOT / "notebooks" / "09_ddp.ipynb"
 STEM = NOTEBOOK.stem
 WRONG = ROOT / "tests" / "wrong_answers" / STEM

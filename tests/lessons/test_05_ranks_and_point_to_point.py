@@ -15,10 +15,13 @@ import pytest
 import torch
 
 from course_utils import checks, launch
-from course_utils.checks import CheckFailed, p2p
+from course_utils.checks import CheckFailed
+from course_utils.checks import ranks_and_point_to_point as p2p
 from tests.exercise_cells import exercise_cells, run_cells
 
-ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.ranks
+
+ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK = ROOT / "notebooks" / "05_ranks_and_point_to_point.ipynb"
 WRONG = ROOT / "tests" / "wrong_answers" / "05_ranks_and_point_to_point"
 MiB = 1 << 20
