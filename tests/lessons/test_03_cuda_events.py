@@ -53,34 +53,14 @@ def setup_sources() -> list[str]:
 
 
 # ----------------------------------------------------------------- the notebook
-def test_exercise_cells_follow_the_contract():
-    for ex, entry, points in (("ex03_predict_elapsed", "predict_elapsed", 2),
-                              ("ex03_fix_pipeline", "fixed_pipeline", 3)):
-        sol, chk = graded(f"{ex}_solution"), graded(ex)
-        assert sol["metadata"]["nbgrader"] == {"grade": False, "grade_id": f"{ex}_solution", "locked": False,
-                                               "schema_version": 3, "solution": True}
-        assert chk["metadata"]["nbgrader"] == {"grade": True, "grade_id": ex, "locked": True, "points": points,
-                                               "schema_version": 3, "solution": False}
-        assert "".join(chk["source"]).strip() == f'check("{ex}", {entry})'
-        src = "".join(sol["source"])
-        assert re.search(rf"^def {entry}\(", src, re.M) and "### BEGIN SOLUTION" in src and "### END SOLUTION" in src
-        assert checks.exercise(ex).entry == entry
+def test_exercises_carry_their_points_and_wrong_answers():
+    for ex, points in (("ex03_predict_elapsed", 2), ("ex03_fix_pipeline", 3)):
+        assert graded(ex)["metadata"]["nbgrader"]["points"] == points
         assert (WRONG / f"{ex}.py").is_file() and len(wrong_answers(ex)) >= 4
-    assert any("parameters" in c["metadata"].get("tags", []) for c in NB["cells"])
 
 
-def test_setup_cells_are_plain_quick_python():
-    for src in setup_sources():
-        assert not re.search(r"^\s*[%!]", src, re.M), src
-        assert "rec.take" not in src and "gpu_sleep(" not in src.split("def ")[0]
-
-
-def test_the_code_is_in_the_notebook_not_in_old_lesson_modules():
+def test_the_code_is_in_the_notebook():
     text = "\n".join("".join(c["source"]) for c in NB["cells"] if c["cell_type"] == "code")
-    for old in ("events", "host_device", "streams", "copies"):
-        assert not re.search(rf"course_utils(\.| import ){old}\b", text), old
-    assert not (ROOT / "course_utils" / "events.py").exists()
-    assert not (ROOT / "course_utils" / "reference_data" / "03_events.json").exists()
     for demo in ("with torch.cuda.stream(", ".wait_stream(", ".wait_event(", ".record_stream(", "elapsed_time(",
                  "enable_cuda_sanitizer()", "Timeline(mode=\"kernels\")"):
         assert demo in text, demo

@@ -49,24 +49,9 @@ def code_cells(nb: dict) -> list[dict]:
 # ------------------------------------------------------------------------------ the notebook's cells
 
 
-def test_exercise_cells_follow_the_convention(notebook):
-    cells = code_cells(notebook)
-    meta = {c["metadata"]["nbgrader"]["grade_id"]: c["metadata"]["nbgrader"] for c in cells
-            if "nbgrader" in c["metadata"]}
-    for ex, entry in ((TIME, "allreduce_time"), (RING, "ring_all_reduce")):
-        assert meta[ex]["grade"] is True and meta[ex]["locked"] is True and meta[ex]["points"] > 0
-        assert meta[f"{ex}_solution"]["solution"] is True and meta[f"{ex}_solution"]["grade"] is False
-        check_cell = next(c for c in cells if c["metadata"].get("nbgrader", {}).get("grade_id") == ex)
-        assert "".join(check_cell["source"]).strip() == f'check("{ex}", {entry})'
-        assert checks.exercise(ex).entry == entry
-    assert any("parameters" in c["metadata"].get("tags", []) for c in cells)
-
-
-def test_setup_cells_are_plain_python_and_hold_the_ring_schedule(notebook):
+def test_setup_cells_hold_the_ring_schedule(notebook):
     setup = ["".join(c["source"]) for c in code_cells(notebook) if "setup" in c["metadata"].get("tags", [])]
-    assert setup and not any(line.lstrip().startswith(("%", "!")) for s in setup for line in s.splitlines())
     assert any("def ring_schedule" in s for s in setup)  # the ring's logic is lesson content, in the notebook
-    assert not any("Pool(" in s or "pool.run" in s for s in setup)  # setup cells stay quick: no ranks started
 
 
 def test_the_lesson_logic_lives_in_the_notebook_not_in_course_utils(notebook):

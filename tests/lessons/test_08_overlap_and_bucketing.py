@@ -70,22 +70,13 @@ def wrong(ex: str) -> list[Path]:
 # ------------------------------------------------------------------------------ the notebook's cells
 
 
-def test_exercise_cells_follow_the_convention(notebook):
-    cells = code_cells(notebook)
-    meta = {c["metadata"]["nbgrader"]["grade_id"]: c["metadata"]["nbgrader"] for c in cells
-            if "nbgrader" in c["metadata"]}
+def test_both_exercises_are_gradeable_on_a_cpu():
     for ex, entry in ((DP, "BucketedDP"), (SCHED, "bucket_schedule")):
-        assert meta[ex]["grade"] is True and meta[ex]["locked"] is True and meta[ex]["points"] > 0
-        assert meta[f"{ex}_solution"]["solution"] is True and meta[f"{ex}_solution"]["grade"] is False
-        check_cell = next(c for c in cells if c["metadata"].get("nbgrader", {}).get("grade_id") == ex)
-        assert "".join(check_cell["source"]).strip() == f'check("{ex}", {entry})'
         assert checks.exercise(ex).entry == entry and not checks.exercise(ex).needs_gpu
-    assert any("parameters" in c["metadata"].get("tags", []) for c in cells)
 
 
-def test_setup_cells_are_plain_python_and_the_stubs_keep_the_class(notebook):
+def test_the_student_versions_stub_keeps_the_class(notebook):
     setup = ["".join(c["source"]) for c in code_cells(notebook) if "setup" in c["metadata"].get("tags", [])]
-    assert setup and not any(line.lstrip().startswith(("%", "!")) for s in setup for line in s.splitlines())
     student = release.student_version(__import__("nbformat").reads(json.dumps(notebook), as_version=4), STEM)
     src = next(c.source for c in student.cells if c.get("metadata", {}).get("nbgrader", {}).get("grade_id")
                == f"{DP}_solution")

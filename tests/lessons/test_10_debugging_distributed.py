@@ -93,23 +93,10 @@ def test_what_counts_workers_left_sees_live_ranks(fork_server, monkeypatch):
 # ------------------------------------------------------------------------------- the notebook's conventions
 
 
-def test_exercise_cells_follow_the_convention():
-    cells = code_cells()
-    meta = {c["metadata"]["nbgrader"]["grade_id"]: c["metadata"]["nbgrader"] for c in cells
-            if "nbgrader" in c["metadata"]}
-    for ex, entry in EXERCISES.items():
-        assert meta[ex]["grade"] is True and meta[ex]["locked"] is True and meta[ex]["points"] > 0
-        assert meta[f"{ex}_solution"]["solution"] is True and meta[f"{ex}_solution"]["grade"] is False
-        check_cell = next(c for c in cells if c["metadata"].get("nbgrader", {}).get("grade_id") == ex)
-        assert "".join(check_cell["source"]).strip() == f'check("{ex}", {entry})'
-        assert checks.exercise(ex).entry == entry
-    nb = notebook()
-    ids = [c["id"] for c in nb["cells"]]
-    assert len(ids) == len(set(ids))
-    assert all(not c.get("outputs") and c.get("execution_count") is None for c in cells)
-    setup = ["".join(c["source"]) for c in cells if "setup" in c["metadata"].get("tags", [])]
-    assert not any("launch." in s or "Pool(" in s for s in setup)  # setup cells start no ranks
-    assert any("parameters" in c["metadata"].get("tags", []) for c in cells)
+def test_the_exercises_are_the_ones_the_tests_know():
+    graded = {c["metadata"]["nbgrader"]["grade_id"] for c in code_cells()
+              if c["metadata"].get("nbgrader", {}).get("grade")}
+    assert graded == set(EXERCISES) and all(checks.exercise(ex).entry == e for ex, e in EXERCISES.items())
 
 
 def test_the_notebook_goes_on_after_unsolved_exercises():
