@@ -7,7 +7,7 @@ idle); `("wait", waiter, waited)` is `waiter.wait_stream(waited)`: the waiter's 
 after everything queued on `waited` before the call (its waits included) has finished; the host launches
 instantly and every stream starts idle at time 0.
 
-ex02_stream_split (GPU): the learner's `run_split(chains)` runs independent chains of steps on side
+ex02_run_split (GPU): the learner's `run_split(chains)` runs independent chains of steps on side
 streams. The probe builds the chains itself (sleep kernels of its own length and a counts tensor it owns),
 queues a head-start sleep and a zeroing of the counts on the current stream first, calls the answer inside
 its own kernels-mode Timeline, and returns the sleep kernels the profiler saw plus what the current stream
@@ -131,9 +131,9 @@ def predict_judge(inputs: dict, data: dict) -> str:
 register(Exercise(EX_PREDICT, entry="predict_makespan", probe=predict_probe, judge=predict_judge,
                   inputs=predict_inputs, needs_gpu=False, timeout_s=30))
 
-# ----------------------------------------------------------------------------- ex02_stream_split (GPU)
+# ----------------------------------------------------------------------------- ex02_run_split (GPU)
 
-EX_SPLIT = "ex02_stream_split"
+EX_SPLIT = "ex02_run_split"
 SPIN = "spin_kernel"  # the kernel behind torch.cuda._sleep
 
 

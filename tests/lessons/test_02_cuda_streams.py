@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK = ROOT / "notebooks" / "02_cuda_streams.ipynb"
 STEM = NOTEBOOK.stem
 WRONG = ROOT / "tests" / "wrong_answers" / STEM
-PREDICT, SPLIT = "ex02_predict_makespan", "ex02_stream_split"
+PREDICT, SPLIT = "ex02_predict_makespan", "ex02_run_split"
 HAS_CUDA = torch.cuda.is_available()
 
 
@@ -148,7 +148,7 @@ def test_predict_wrong_answers_cover_the_brief():
     assert {PREDICT, "ignores_waits", "waits_for_later_work", "waits_not_passed_on", "equal_to_anything"} <= names
 
 
-# ------------------------------------------------------------------------------ ex02_stream_split: the judge
+# ------------------------------------------------------------------------------ ex02_run_split: the judge
 
 SPLIT_INPUTS = c02.split_inputs()
 
@@ -233,7 +233,7 @@ def test_split_master_solution_in_a_fresh_kernel(notebook, monkeypatch):
     assert (checks.PASS_MARKER if HAS_CUDA else checks.SKIP_MARKER) in text, text
 
 
-# ------------------------------------------------------------------------------ ex02_stream_split on the GPU
+# ------------------------------------------------------------------------------ ex02_run_split on the GPU
 
 SPLIT_WRONG = {  # wrong answer -> what the check must say about it
     SPLIT: "the chains to overlap",                                  # one side stream
