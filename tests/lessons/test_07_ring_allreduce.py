@@ -5,6 +5,7 @@ master's ring on NCCL, the notebook's facts and benchmarks/ring_vs_nccl.py."""
 
 from __future__ import annotations
 
+import ast
 import functools
 import json
 import random
@@ -61,6 +62,53 @@ def test_the_lesson_logic_lives_in_the_notebook_not_in_course_utils(notebook):
         assert name in src, name
     widgets_src = (ROOT / "course_utils" / "widgets.py").read_text()
     assert "(r - s) % n" not in widgets_src and "ring_all_reduce" not in widgets_src  # a tool, not the answer
+
+
+def test_the_exercises_hints_open_on_request(notebook):
+    """The questions stand in the open; what answers them (a function to try, the global-rank call) sits in a
+    collapsed <details> block, so the exercise still teaches."""
+    intro = next("".join(c["source"]) for c in notebook["cells"]
+                 if c["cell_type"] == "markdown" and f"## Exercise `{RING}`" in "".join(c["source"]))
+    hidden = "".join(re.findall(r"<details>.*?</details>", intro, re.S))
+    shown = re.sub(r"<details>.*?</details>", "", intro, flags=re.S)
+    assert intro.count("<summary>Hint</summary>") == 4
+    for answer in ("tensor_split(3)", "get_global_rank", "Section 5", "ring_schedule"):
+        assert answer in hidden and answer not in shown, answer
+
+
+def notebook_function(nb: dict, name: str, namespace: dict):
+    """The function `name` as a notebook cell defines it, compiled into `namespace`."""
+    for cell in code_cells(nb):
+        for node in ast.parse("".join(cell["source"])).body:
+            if isinstance(node, ast.FunctionDef) and node.name == name:
+                exec(compile(ast.Module([node], []), name, "exec"), namespace)
+                return namespace[name]
+    raise AssertionError(f"no cell defines {name}")
+
+
+def test_tables_show_naive_tree_ring_whatever_the_recordings_order_and_say_whose_ring(notebook, capsys):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from course_utils import bench
+
+    def not_written(*args):
+        raise NotImplementedError
+
+    ns = {"bench": bench, "plt": plt, "allreduce_time": not_written, "crossover": not_written}
+    sizes = [1 << 10, 1 << 20]
+    data = {"world": 2, "sizes": sizes, "seconds": {"ring": [3e-5, 1e-3], "tree": [2e-5, 2e-3],
+                                                    "naive": [2e-5, 2e-3], "library": [1e-5, 5e-4]}}
+    notebook_function(notebook, "compare_with_model", ns)(data, 1e-5, 1e10, "recorded")
+    header = next(line for line in capsys.readouterr().out.splitlines() if line.lstrip().startswith("size"))
+    assert header.split() == ["size", "naive", "tree", "ring"]
+    notebook_function(notebook, "as_results", ns)
+    notebook_function(notebook, "show_ring_vs_library", ns)(data, "recorded", "the course's")
+    out = capsys.readouterr().out
+    assert "ring (the course's): alpha" in out and "yours" not in out
+    plt.close("all")
 
 
 def test_master_solutions_define_what_the_notebook_uses(notebook):
