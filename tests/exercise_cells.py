@@ -66,17 +66,26 @@ def execute_notebook(notebook: Path, record_dir: Path, timeout: int) -> None:
     retrying_kernel_start(lambda: recorder.execute(notebook, record_dir, timeout), notebook.name)()
 
 
+def _compiled_cell(source: str, filename: str):
+    """A cell compiled as IPython compiles one: its source kept in linecache under its file name, so tracebacks
+    (and the checks' "line N of your code") show its lines."""
+    import linecache
+
+    linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
+    return compile(source, filename, "exec")
+
+
 def run_in_process(sources: list[str], module: str, extra: str = "") -> tuple[str, str | None]:
     """Like run_cells, in this process (no kernel start), as module `module` (a name nothing can import, so
     cloudpickle ships the learner's functions and classes to ranks by value): the last cell's output and error
     name. `extra` runs after the setup and solution cells (to change a parameter), before the check cell."""
     ns: dict = {"__name__": module}
     out = io.StringIO()
-    for src in sources[:-1] + ([extra] if extra else []):
-        exec(compile(src, "<cell>", "exec"), ns)
+    for i, src in enumerate(sources[:-1] + ([extra] if extra else [])):
+        exec(_compiled_cell(src, f"<{module} cell {i}>"), ns)
     try:
         with contextlib.redirect_stdout(out):
-            exec(compile(sources[-1], "<check cell>", "exec"), ns)
+            exec(_compiled_cell(sources[-1], f"<{module} check cell>"), ns)
     except Exception as err:  # noqa: BLE001 - the error's name is the verdict
         return out.getvalue() + str(err), type(err).__name__
     return out.getvalue(), None

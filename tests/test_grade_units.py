@@ -375,3 +375,29 @@ def test_an_error_in_the_learners_code_names_their_line_not_the_checkers():
     assert msg.startswith("ex99_add: your code raised IndexError: tuple index out of range"), msg
     assert "line 3 of your code: `return pair[b]`" in msg
     assert info.value.__cause__ is None and info.value.__suppress_context__
+
+
+def test_a_ranks_error_names_the_learners_line_and_hides_the_launchers_and_the_checkers_frames():
+    import linecache
+
+    from course_utils import checks
+    from course_utils.launch.errors import WorkerError
+
+    ours = str(Path(checks.__file__).parent / "ring_allreduce.py")
+    cell = "/tmp/ipykernel_0/cell_9.py"
+    src = "def ring(t):\n    chunks = t.chunk(3)\n    return chunks[2]\n"
+    linecache.cache[cell] = (len(src), None, src.splitlines(True), cell)
+    with_source = (f'Traceback (most recent call last):\n  File "{ours}", line 331, in rank_main\n'
+                   f'    returned = answer(tensor)\n  File "{cell}", line 3, in ring\n    return chunks[2]\n'
+                   "IndexError: tuple index out of range\n")
+    err = WorkerError(2, "IndexError", "tuple index out of range", with_source, {0: "stopped"})
+    assert checks.rank_error(err) == \
+        "rank 2: IndexError: tuple index out of range, in line 3 of your code: `return chunks[2]`"
+    # a rank's traceback without the cell's lines: the source comes from this process's linecache
+    without = with_source.replace("    return chunks[2]\n", "")
+    assert checks.rank_error(WorkerError(2, "IndexError", "x", without, {})).endswith("`return chunks[2]`")
+    # and where nothing is known of the cell, its line number and function still are
+    gone = without.replace(cell, "/tmp/ipykernel_0/gone.py")
+    assert checks.rank_error(WorkerError(2, "IndexError", "x", gone, {})).endswith("in line 3 of your ring")
+    only_ours = f'Traceback (most recent call last):\n  File "{ours}", line 331, in rank_main\n    x\nKeyError: 1\n'
+    assert checks.rank_error(WorkerError(0, "KeyError", "1", only_ours, {})) == "rank 0: KeyError: 1"

@@ -250,20 +250,45 @@ def _unsolved(err: BaseException, answer: Any) -> bool:
         return False
 
 
-def _your_line(err: BaseException) -> str:
-    """ ", in line N of your code: `...`" for the last frame of the traceback outside the course's package and
-    the installed libraries (the learner's cell), or "" where there is none."""
+def _is_theirs(filename: str) -> bool:
+    """Whether a traceback frame's file is the learner's (a notebook cell), not the course's package or a library."""
     import sys
-    import traceback
 
     ours = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    libraries = {sys.prefix, sys.base_prefix}
-    theirs = [f for f in traceback.extract_tb(err.__traceback__)
-              if not f.filename.startswith(ours) and not any(f.filename.startswith(p) for p in libraries)]
+    return not filename.startswith((ours, sys.prefix, sys.base_prefix)) and not filename.startswith("<frozen")
+
+
+def _line_of_theirs(frames: list[tuple[str, int, str, str]]) -> str:
+    """ ", in line N of your code: `...`" for the last of (file, line number, function, source) that is the
+    learner's, or "" where there is none. The source comes from linecache where the frame lacks it (a rank's
+    traceback names the cell's file, which only the kernel that ran the cell can read)."""
+    import linecache
+
+    theirs = [f for f in frames if _is_theirs(f[0])]
     if not theirs:
         return ""
-    frame = theirs[-1]
-    return f", in line {frame.lineno} of your code: `{(frame.line or '').strip()}`"
+    filename, lineno, function, line = theirs[-1]
+    line = (line or linecache.getline(filename, lineno)).strip()
+    return f", in line {lineno} of your code: `{line}`" if line else f", in line {lineno} of your {function}"
+
+
+def _your_line(err: BaseException) -> str:
+    """Where the learner's own code raised `err` (see _line_of_theirs)."""
+    import traceback
+
+    return _line_of_theirs([(f.filename, f.lineno, f.name, f.line) for f in traceback.extract_tb(err.__traceback__)])
+
+
+def rank_error(err: Any) -> str:
+    """One line for a rank that failed (a launch.WorkerError): "rank 2: IndexError: tuple index out of range, in
+    line 9 of your code: `...`", without the launcher's or the checker's frames."""
+    import re
+
+    frames = re.findall(r'^\s*File "([^"]+)", line (\d+), in (\S+)\n(?:    (?!\s*File ")(.*)\n)?',
+                        err.traceback + "\n", re.M)
+    lines = [ln for ln in str(err).splitlines() if ln.strip()]
+    summary = (lines[0] if lines else err.exc_type).removeprefix(f"rank {err.rank} failed first: ")
+    return f"rank {err.rank}: {summary[:600]}" + _line_of_theirs([(f, int(n), fn, src) for f, n, fn, src in frames])
 
 
 def check(grade_id: str, answer: Any) -> None:

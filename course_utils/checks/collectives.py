@@ -39,7 +39,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from . import Exercise, close, expect, register
+from . import Exercise, close, expect, rank_error, register
 
 NOT_ALLOWED = "not allowed in this exercise"
 OPS = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all", "gather", "scatter")
@@ -283,7 +283,9 @@ def time_probe(answer: Any, inputs: dict) -> dict:
 
     try:
         ranks = run(_time_rank, answer, inputs, nproc=inputs["nproc"], backend="gloo", timeout=inputs["timeout_s"])
-    except (WorkerError, WorkerTimeout) as err:
+    except WorkerError as err:
+        return {"error": rank_error(err)}
+    except WorkerTimeout as err:
         return {"error": f"{type(err).__name__}: {str(err)[-2000:]}"}
     if any(r.get("not_attempted") for r in ranks.values()):
         raise NotImplementedError("time_collective raised NotImplementedError")

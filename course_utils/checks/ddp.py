@@ -29,7 +29,7 @@ import tempfile
 import time
 from typing import Any
 
-from . import Exercise, expect, register
+from . import Exercise, expect, rank_error, register
 
 WORLD = 2
 
@@ -46,8 +46,7 @@ def _launch(worker, answer: Any, inputs: dict, *args: Any, what: str) -> dict:
     except launch.WorkerError as err:
         if err.exc_type == "NotImplementedError":
             raise NotImplementedError(f"{what} is not written yet") from None
-        return {"error": f"rank {err.rank} failed: {err.exc_type}: {str(err).splitlines()[0][:300]}\n"
-                         + err.traceback.strip()[-1200:]}
+        return {"error": rank_error(err)}
     return {"ranks": [ranks[r] for r in range(WORLD)]}
 
 

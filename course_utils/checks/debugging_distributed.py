@@ -31,7 +31,7 @@ import secrets
 import time
 from typing import Any
 
-from . import Exercise, expect, register
+from . import Exercise, expect, rank_error, register
 
 EX_DIAG, EX_UNEVEN, EX_SKIP = "ex10_diagnose", "ex10_fix_uneven", "ex10_fix_skip"
 FAULTS = ("crash", "stall", "extra collective", "shape mismatch")
@@ -267,7 +267,7 @@ def loop_worker(answer: Any, inputs: dict, kind: str) -> dict:
     """One rank: draws its own difference, builds its data and model, runs the answer."""
     import torch.distributed as dist
 
-    from .p2p import _short_timeout_group
+    from .ranks_and_point_to_point import _short_timeout_group
 
     _short_timeout_group(inputs["limit_s"])
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -300,7 +300,7 @@ def _loop_probe(kind: str, what: str):
         except launch.WorkerError as err:
             if err.exc_type == "NotImplementedError":
                 raise NotImplementedError(f"{what} is not written yet") from None
-            return {"error": f"rank {err.rank} failed: {err.exc_type}: " + str(err)[-2500:]}
+            return {"error": rank_error(err)}
         return {"ranks": [ranks[r] for r in range(WORLD)]}
     return probe
 

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import Exercise, close, expect, register
+from . import Exercise, close, expect, rank_error, register
 
 # ---------------------------------------------------------------------------------- ex08_bucketed_dp (CPU)
 
@@ -229,8 +229,7 @@ def dp_probe(answer: Any, inputs: dict) -> dict:
     except launch.WorkerError as err:
         if err.exc_type == "NotImplementedError":
             raise NotImplementedError("BucketedDP is not written yet") from None
-        return {"error": f"rank {err.rank} failed: {err.exc_type}: {str(err).splitlines()[0][:300]}\n"
-                         + err.traceback.strip()[-1500:]}
+        return {"error": rank_error(err)}
     return {"ranks": [ranks[r] for r in range(WORLD)]}
 
 

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from . import Exercise, expect, passes, register
+from . import Exercise, expect, passes, rank_error, register
 
 EX_STUCK = "ex05_stuck_ranks"
 EX_HALO = "ex05_halo_exchange"
@@ -337,7 +337,7 @@ def _halo_probe(answer: Callable, inputs: dict) -> dict:
         except launch.WorkerTimeout as err:
             out.append({"status": "timeout", "message": str(err)[-3000:]})
         except launch.WorkerError as err:
-            out.append({"status": "error", "message": str(err)[-3000:]})
+            out.append({"status": "error", "message": rank_error(err)})
         if out[-1]["status"] != "ok" or not _judged_right(case, out[-1]):
             break  # the judge reports the first failure; the next world size would only cost time
     return {"cases": out}

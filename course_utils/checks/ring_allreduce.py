@@ -26,7 +26,7 @@ import math
 import random
 from typing import Any
 
-from . import Exercise, close, expect, passes, register
+from . import Exercise, close, expect, passes, rank_error, register
 
 # ------------------------------------------------------------------------- ex07_allreduce_time (CPU)
 
@@ -334,11 +334,6 @@ def rank_main(blob: bytes, case: dict) -> dict:
                 "sends": watch.sends, "recvs": watch.recvs, "hazards": watch.hazards}
 
 
-def _first_line(err: BaseException) -> str:
-    lines = [ln for ln in str(err).splitlines() if ln.strip()]
-    return (lines[0] if lines else type(err).__name__)[:600]
-
-
 def _tail(text: str, lines: int = 6) -> str:
     kept = [ln for ln in text.splitlines() if ln.strip()][-lines:]
     return ("; what the ranks printed last: " + " | ".join(kept))[:1500] if kept else ""
@@ -350,11 +345,10 @@ def ring_probe(answer: Any, inputs: dict) -> dict:
     The ranks' output is kept (not shown) and its tail goes into a failure's message."""
     import io
 
-    import cloudpickle
-
     from .. import launch
+    from ..launch.pickling import dumps_function
 
-    blob = cloudpickle.dumps(answer)
+    blob = dumps_function(answer)
     worlds = []
     for world in inputs["worlds"]:
         n = world["world_size"]
@@ -371,8 +365,7 @@ def ring_probe(answer: Any, inputs: dict) -> dict:
                 record["message"] = f"ranks still running after {inputs['call_timeout_s']:g} s"
             except launch.WorkerError as err:
                 record["outcome"] = "error"
-                record["message"] = f"rank {err.rank}: " + _first_line(err).removeprefix(
-                    f"rank {err.rank} failed first: ")
+                record["message"] = rank_error(err)
             finally:
                 pool.close()
         if record["outcome"] != "ok":
@@ -465,7 +458,9 @@ def ring_judge(inputs: dict, data: dict) -> str:
                f"{message}: the check stopped them",
                "which call does each rank block in first, and who is meant to match it? If every rank sends "
                "before it receives, who is receiving?")
-        expect(outcome == "ok", EX_RING, f"ring_all_reduce to run without an error at world size {n}", message,
+        failing = world["cases"][len(done)] if len(done) < len(world["cases"]) else None
+        case = f", numel {failing['numel']}, {failing['dtype']}" if failing else ""
+        expect(outcome == "ok", EX_RING, f"ring_all_reduce to run without an error at world size {n}{case}", message,
                "only point-to-point calls are available here" if NOT_ALLOWED in message else
                "a receive must be exactly as large as the send it matches" if "size" in message else "")
         expect(len(done) == len(world["cases"]), EX_RING, f"{len(world['cases'])} results at world size {n}",

@@ -176,6 +176,14 @@ def dumps_call(fn: Callable, args: tuple, kwargs: dict) -> list[memoryview]:
                         "open files, locks or sockets inside fn.") from exc
 
 
+def dumps_function(fn: Callable) -> bytes:
+    """Pickle a function by value into plain bytes, as a call's fn travels (its code keeps the cell's file name, so
+    a traceback from a rank names the cell's lines), for a rank to load later with pickle.loads."""
+    stream = io.BytesIO()
+    _picklers()[0](stream, protocol=5).dump(fn)
+    return stream.getvalue()
+
+
 def dumps_code(source: str, filename: str) -> list[memoryview]:
     """Pickle a cell's source for the ranks; a syntax error is raised here, before any process starts."""
     if not isinstance(source, str):
