@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import contextlib
 import io
+import re
 from pathlib import Path
 
+from course_utils.grading import release
 from tests.conftest import retrying_kernel_start
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,11 +27,14 @@ def exercise_cells(nb: dict, ex: str, replacement: str | None) -> list[str]:
     sol = [i for i, g in enumerate(grade) if g == f"{ex}_solution"]
     assert sol and all(i < check for i in sol), "solution cell(s) must come before the check cell"
     body = []
+    # as the grader substitutes answers: a `### NEXT SOLUTION` line moves on to the next solution block
+    parts = re.split(rf"^[ \t]*{re.escape(release.NEXT_BLOCK)}[ \t]*\n", replacement, flags=re.M) if replacement \
+        is not None else []
     for i in sol:
         s = src[i]
         if replacement is not None:
-            a, b = s.index("### BEGIN SOLUTION"), s.index("### END SOLUTION") + len("### END SOLUTION")
-            s = s[:a].rstrip(" ") + replacement.rstrip("\n") + s[b:]
+            n = len(release.solution_blocks(s, f"{ex}, cell {i}"))
+            s, parts = release.replace_blocks(s, [p.rstrip("\n") for p in parts[:n]]), parts[n:]
         body.append(s)
     return setup + body + [src[check]]
 

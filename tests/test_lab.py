@@ -193,10 +193,6 @@ def test_make_lab_instructor_serves_the_masters(tmp_path):
 
 # ---- Run All on the student's own, unsolved, lessons ----
 
-# 09's class exercise: its stub, `raise NotImplementedError()` at class-body level, fails where the class is defined.
-RUN_ALL_STOPS = {"09_ddp.ipynb": "the stub of a class exercise raises where the class is defined"}
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("lesson", LESSONS)
 def test_run_all_goes_past_unsolved_exercises_in_the_lab(lesson, monkeypatch):
@@ -209,8 +205,6 @@ def test_run_all_goes_past_unsolved_exercises_in_the_lab(lesson, monkeypatch):
     from course_utils.grading.release import student_version
     from tests.conftest import retrying_kernel_start
 
-    if lesson in RUN_ALL_STOPS:
-        pytest.xfail(RUN_ALL_STOPS[lesson])
     monkeypatch.setenv(checks.LAB_ENV, "1")  # the kernel inherits it, as the lab's kernels do
     nb = student_version(nbformat.read(MASTERS / lesson, as_version=4), lesson)
     client = NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(MASTERS)}})

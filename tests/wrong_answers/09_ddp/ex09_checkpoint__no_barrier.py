@@ -1,15 +1,11 @@
-    ### BEGIN SOLUTION
-    # Wrong: no barrier: a rank faster than rank 0 reads whatever file is there.
-    @staticmethod
-    def save(model, optimizer, epoch, path):
+        ### BEGIN SOLUTION
+        # Wrong: no barrier: a rank faster than rank 0 reads whatever file is there.
         if dist.get_rank() == 0:
             torch.save({"model": model.module.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch},
                        path)
-
-    @staticmethod
-    def load(model, optimizer, path, device):
+        ### NEXT SOLUTION
         state = torch.load(path, map_location=device)
         model.module.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         return state["epoch"]
-    ### END SOLUTION
+        ### END SOLUTION
