@@ -17,9 +17,9 @@ The probe makes its own inputs and streams and runs the answer in three kinds of
   are judged: 2n of them, on at least two streams, overlapping.
 Before the runs the probe launches every kernel that it and the two stages use, calls the answer once (its
 own kernels), and fills the caching allocator's cache on all three streams. The first launch of a kernel in
-a process loads it (lazy module loading) and, measured on an H100, waits until the GPU is idle: it would hide
-exactly the races these runs look for. A cudaMalloc between two streams' commands did not hide a race on that
-H100, but CUDA documents that it may synchronise (implicit synchronisation), so no run makes one either.
+a process loads it (lazy module loading), and loading can wait until the GPU is idle: it would hide exactly the
+races these runs look for. CUDA documents that a cudaMalloc may synchronise too (implicit synchronisation), so
+no run makes one either.
 """
 
 from __future__ import annotations
