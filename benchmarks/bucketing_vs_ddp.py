@@ -48,35 +48,47 @@ def load_bucketed_dp(master: Path = MASTER):
     return ns["BucketedDP"]
 
 
-def bench(bucketed_dp, width: int, depth: int, rows: int | None, rows_to_try: list[int], cap_mb: float,
-          steps: int, warmup: int, rounds: int) -> dict:
-    """On each rank: pick the batch (unless given), check both versions' gradients agree, time them."""
+def _device():
     import torch
     import torch.distributed as dist
+
+    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+
+
+def _sync(dev) -> None:
+    import torch
+
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def _slowest(ms: float, dev) -> float:
+    """The largest of every rank's `ms`."""
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([ms], device=dev)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
+
+
+def _timed(fn, dev) -> float:
+    """ms for one call of `fn`, started on every rank together and ended when this rank's GPU is done."""
+    import torch
+    import torch.distributed as dist
+
+    dist.all_reduce(torch.zeros(1, device=dev))
+    _sync(dev)
+    t0 = time.perf_counter()
+    fn()
+    _sync(dev)
+    return (time.perf_counter() - t0) * 1e3
+
+
+def _make_model(width: int, depth: int, dev):
+    """Lesson 08's model, the same on every rank and every call."""
+    import torch
     from torch import nn
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    dev = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
-
-    def sync():
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-
-    def together():
-        dist.all_reduce(torch.zeros(1, device=dev))
-        sync()
-
-    def slowest(ms: float) -> float:
-        t = torch.tensor([ms], device=dev)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return t.item()
-
-    def timed(fn) -> float:
-        together()
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        return (time.perf_counter() - t0) * 1e3
 
     class Block(nn.Module):
         def __init__(self):
@@ -86,38 +98,62 @@ def bench(bucketed_dp, width: int, depth: int, rows: int | None, rows_to_try: li
         def forward(self, x):
             return x + self.down(nn.functional.gelu(self.up(x)))
 
-    def make_model():
-        torch.manual_seed(0)
-        return nn.Sequential(*[Block() for _ in range(depth)]).to(dev)
+    torch.manual_seed(0)
+    return nn.Sequential(*[Block() for _ in range(depth)]).to(dev)
 
-    def data(n: int):
-        g = torch.Generator(device=dev).manual_seed(1234 + dist.get_rank())
-        return torch.randn(n, width, generator=g, device=dev), torch.randn(n, width, generator=g, device=dev)
 
-    out: dict = {}
-    if rows is None:  # the lesson's choice: backward at least as long as one all-reduce, and GPU-bound
-        model = make_model()
-        flat = torch.zeros(sum(p.numel() for p in model.parameters()), device=dev)
-        dist.all_reduce(flat)
-        out["allreduce_ms"] = slowest(min(timed(lambda: dist.all_reduce(flat)) for _ in range(3)))
-        out["backward_ms"] = {}
-        for n in rows_to_try:
-            x, y = data(n)
+def _data(n: int, width: int, dev):
+    """A batch of `n` rows (inputs and targets), different on each rank."""
+    import torch
+    import torch.distributed as dist
 
-            def forward(x=x, y=y):
-                return nn.functional.mse_loss(model(x), y)
+    g = torch.Generator(device=dev).manual_seed(1234 + dist.get_rank())
+    return torch.randn(n, width, generator=g, device=dev), torch.randn(n, width, generator=g, device=dev)
 
-            fwd = slowest(min(timed(forward) for _ in range(3)))
-            both = slowest(min(timed(lambda: forward().backward()) for _ in range(3)))
-            before = out["backward_ms"].get(rows)  # the size before (None at the first)
-            out["backward_ms"][n] = both - fwd
-            rows = n
-            if both - fwd >= out["allreduce_ms"] and before is not None and both - fwd >= GROWTH * before:
-                break
-        del model, flat
-    out["rows"] = rows
-    x, y = data(rows)
-    plain, mine = make_model(), make_model()
+
+def _backward_ms(model, x, y, dev) -> float:
+    """Backward's time on this batch (forward and backward less forward alone), on the slower rank."""
+    from torch import nn
+
+    def forward():
+        return nn.functional.mse_loss(model(x), y)
+
+    fwd = _slowest(min(_timed(forward, dev) for _ in range(3)), dev)
+    both = _slowest(min(_timed(lambda: forward().backward(), dev) for _ in range(3)), dev)
+    return both - fwd
+
+
+def _pick_rows(width: int, depth: int, rows_to_try: list[int], dev) -> dict:
+    """The lesson's choice of batch: the first size whose backward takes at least as long as one all-reduce of
+    every gradient and GROWTH times as long as the size before (GPU-bound). Returns the timings and "rows"."""
+    import torch
+    import torch.distributed as dist
+
+    model = _make_model(width, depth, dev)
+    flat = torch.zeros(sum(p.numel() for p in model.parameters()), device=dev)
+    dist.all_reduce(flat)
+    allreduce = _slowest(min(_timed(lambda: dist.all_reduce(flat), dev) for _ in range(3)), dev)
+    backward: dict[int, float] = {}
+    rows = None
+    for n in rows_to_try:
+        ms = _backward_ms(model, *_data(n, width, dev), dev)
+        before = backward.get(rows)  # the size before (None at the first)
+        backward[n] = ms
+        rows = n
+        if ms >= allreduce and before is not None and ms >= GROWTH * before:
+            break
+    return {"allreduce_ms": allreduce, "backward_ms": backward, "rows": rows}
+
+
+def _compare(bucketed_dp, width: int, depth: int, rows: int, cap_mb: float, steps: int, warmup: int,
+             rounds: int, dev) -> dict:
+    """Both versions on their own copy of the model and the same batch: their gradients' largest relative
+    difference after one step, then each one's step times (ms), in alternating rounds."""
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    x, y = _data(rows, width, dev)
+    plain, mine = _make_model(width, depth, dev), _make_model(width, depth, dev)
     ids = [dev.index] if dev.type == "cuda" else None
     ddp, dp = DDP(plain, device_ids=ids, bucket_cap_mb=cap_mb), bucketed_dp(mine, cap_mb)
 
@@ -132,9 +168,9 @@ def bench(bucketed_dp, width: int, depth: int, rows: int | None, rows_to_try: li
 
     step_ddp()
     step_mine()
-    sync()
-    out["max_rel_diff"] = max(float((a.grad - b.grad).abs().max() / b.grad.abs().max())
-                              for a, b in zip(mine.parameters(), plain.parameters(), strict=True))
+    _sync(dev)
+    out = {"max_rel_diff": max(float((a.grad - b.grad).abs().max() / b.grad.abs().max())
+                               for a, b in zip(mine.parameters(), plain.parameters(), strict=True))}
     for _ in range(warmup):
         step_ddp()
         step_mine()
@@ -142,8 +178,16 @@ def bench(bucketed_dp, width: int, depth: int, rows: int | None, rows_to_try: li
     for r in range(rounds):
         order = [("ddp_ms", step_ddp), ("bucketed_ms", step_mine)]
         for key, fn in order if r % 2 == 0 else order[::-1]:
-            out[key] += [timed(fn) for _ in range(steps)]
+            out[key] += [_timed(fn, dev) for _ in range(steps)]
     return out
+
+
+def bench(bucketed_dp, width: int, depth: int, rows: int | None, rows_to_try: list[int], cap_mb: float,
+          steps: int, warmup: int, rounds: int) -> dict:
+    """On each rank: pick the batch (unless given), check both versions' gradients agree, time them."""
+    dev = _device()
+    out = _pick_rows(width, depth, rows_to_try, dev) if rows is None else {"rows": rows}
+    return {**out, **_compare(bucketed_dp, width, depth, out["rows"], cap_mb, steps, warmup, rounds, dev)}
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -13,7 +13,7 @@ way as the notebook times them (warm-up calls, a barrier, calls back to back, th
 the ring's result is checked against exact sums at every size. Then the alpha-beta fit of each one's times
 (bench.fit_alpha_beta), which explains the gap at small sizes: the ring pays 2(n-1) steps of Python calls and
 messages (2(n-1) x pieces batch_isend_irecv calls), NCCL one kernel.
-Goals (issue 11, 2xH200): busbw ratio >= 0.90 at 256 MiB and >= 0.95 at 1 GiB.
+Goals (the course's, on 2xH200): busbw ratio >= 0.90 at 256 MiB and >= 0.95 at 1 GiB.
 Every figure printed comes from this run.
 """
 

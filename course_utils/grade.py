@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 
-from .grading.grade import find_master, grade_notebook, main  # noqa: F401  (re-exported)
+from .grading.grade import find_master, main  # noqa: F401  (re-exported)
 from .grading.grader import GradeError, Grader, Options  # noqa: F401  (re-exported)
 from .grading.report import (  # noqa: F401  (re-exported)
     FAILED,

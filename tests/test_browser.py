@@ -46,7 +46,7 @@ VIEWPORT = {"width": 1280, "height": 900}  # what a student's laptop shows (the 
 SHOT_VIEWPORT = {"width": 1280, "height": 2400}
 ANSI = re.compile(r"\x1b\[|\[(?:\d{1,3};)*\d{1,3}m")
 TRACEBACK = "Traceback (most recent call last)"
-# Text that once showed in the lab and read as a failure when nothing had failed (issue 14).
+# Text that reads as a failure in the lab when nothing has failed: a lesson's run must not show it.
 NOT_AN_ERROR = {
     "Setting OMP_NUM_THREADS environment variable": "torchrun's OMP_NUM_THREADS banner (shown as an error-red block)",
     "GLHF": "gloo's 'Connection reset by peer ... GLHF!' after a crash demo",

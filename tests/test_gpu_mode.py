@@ -134,9 +134,9 @@ def test_slow():
 
 
 def test_a_worker_that_ran_out_of_work_waits_quietly_for_the_others(tmp_path):
-    """xdist keeps every worker until the whole run ends: one with nothing left to do is not a stray (seen on the
-    H100, where notebooks take turns on the GPU and idle workers were reported and killed after 90 s; in CI a worker
-    with IPython's daemon history thread was)."""
+    """xdist keeps every worker until the whole run ends: one with nothing left to do is not a stray and must not
+    be reported or killed (on a GPU box notebooks take turns on the GPU, so workers idle for minutes; a worker may
+    also still hold IPython's daemon history thread)."""
     res = run_with_our_conftest(tmp_path, {"test_sample.py": ONE_SLOW_TEST}, "-n", "2",
                                 COURSE_WORKER_EXIT_GRACE_S="2")
     out = res.stdout + res.stderr

@@ -156,7 +156,7 @@ def f():
 @pytest.mark.parametrize("end", ["return 1", "while True:\n        pass", "os._exit(0)"],
                          ids=["answers", "times-out", "exits"])
 def test_everything_a_probe_started_is_killed(end):
-    """A child, and a double-forked, setsid'd grandchild (it escaped the old grader's kill and broke later
+    """A child, and a double-forked, setsid'd grandchild (one left running would hold its ports and break later
     students' rendezvous) are gone when run_probe returns, however the probe ended."""
     marker = f"left-behind-{uuid.uuid4().hex}"
     out = probe(KEEPS_RUNNING.format(marker=marker, end=end), timeout=15)
@@ -266,8 +266,8 @@ def deflated(obj) -> bytes:
 
 
 def test_a_decompression_bomb_is_refused_before_it_is_decoded():
-    """A 1 MB frame once took the grader from 257 MiB to 2.3 GiB: a deflated record decodes to far more than the
-    bytes on the pipe. The archive is checked before torch.load sees it."""
+    """A deflated record decodes to far more than its bytes on the pipe (here under 1 MB for 200 MB), and it would
+    decode in the grader's memory: the archive is checked before torch.load sees it."""
     bomb = deflated({"status": "ok", "data": torch.zeros(50_000_000)})  # 200 MB once decoded
     assert len(bomb) < 1 << 20
     with pytest.raises(ValueError, match="compressed"):

@@ -27,7 +27,6 @@ from course_utils.hardware import report as report_mod
 from course_utils.hardware.visible import parse_visible_devices
 
 TOPO = Path(__file__).parent / "data" / "topo"
-GiB = 2**30
 
 # ---------------------------------------------------------------------------------------------- fake pynvml
 

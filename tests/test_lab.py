@@ -121,7 +121,7 @@ class Lab:
 
     def close(self) -> None:
         """End the whole process group and wait until every member is gone: `make` exits at SIGTERM while the
-        Jupyter server below it may still be closing its socket (a connection was accepted after close once)."""
+        Jupyter server below it may still be closing its socket, and until it has, it still accepts connections."""
         os.killpg(self.proc.pid, signal.SIGTERM)
         deadline = time.monotonic() + 15
         while _group_alive(self.proc.pid):

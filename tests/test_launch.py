@@ -173,7 +173,7 @@ def test_a_crash_stops_the_others_and_reports_the_first_traceback():
 
 def test_the_first_failure_is_the_cause_not_a_lost_connection_stamped_earlier():
     """A timed-out gloo rank closes its connections; on a busy machine the other rank can catch "Connection closed
-    by peer ... GLHF!" and stamp it before the timed-out rank stamps its own error (seen in lesson 10's matrix)."""
+    by peer ... GLHF!" and stamp it before the timed-out rank stamps its own error."""
     closed = {"type": "RuntimeError", "time": 10.0,
               "message": "[pair.cc:553] Connection closed by peer [127.0.0.1]:2481. This is typically caused by a "
                          "remote worker crashing. Check the logs of the remote worker before reporting an error. GLHF!"}

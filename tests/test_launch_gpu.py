@@ -225,7 +225,8 @@ def test_an_nccl_hang_shows_where_each_rank_waits():
         def nccl_stuck():
             t = torch.ones(1, device="cuda")
             # Both ranks join a first all-reduce: it creates the communicator, and creating it blocks the host
-            # until every rank arrives (seen on 2xH200, torch 2.11: rank 0 waited inside dist.all_reduce).
+            # until every rank arrives, so without it rank 0 would wait inside dist.all_reduce, not in the
+            # synchronize below.
             dist.all_reduce(t)
             torch.cuda.synchronize()
             if dist.get_rank() == 0:

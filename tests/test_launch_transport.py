@@ -73,8 +73,8 @@ def test_frames_of_any_size_arrive_whole_whatever_the_reads():
 
 @pytest.mark.timeout(60)
 def test_a_large_frame_takes_time_linear_in_its_size():
-    """The old reader rebuilt its whole buffer on every 64 KiB read: 32 MiB took 4.4 s, 64 MiB four times
-    that. Here 64 MiB through a pipe must take about as long as writing it (well under a second)."""
+    """A reader that rebuilds its whole buffer on every 64 KiB read takes time quadratic in the frame's size.
+    Here 64 MiB through a pipe must take about as long as writing it (well under a second)."""
     payload = bytes(64 << 20)
     r, w = os.pipe()
     writer = threading.Thread(target=lambda: (transport.write_frame(w, ("ok", 1), payload), os.close(w)))
@@ -277,9 +277,9 @@ def test_only_chosen_ranks_are_printed_but_every_last_line_is_kept(capsys):
 
 
 def test_kinetos_profiler_markers_are_dropped_and_nothing_else(capsys):
-    """torch 2.13's kineto prints a USDT line at every profiler start and stop (lesson 08's captures on gloo ranks
-    showed them in red), torch 2.11's reports "no CUDA device" in ranks whose GPUs are hidden (lesson 08 on one
-    GPU); lines that only look alike, and kineto's other errors, still reach the learner."""
+    """torch 2.13's kineto prints a USDT line at every profiler start and stop (on stderr: a learner sees it in
+    red), torch 2.11's reports "no CUDA device" in ranks whose GPUs are hidden (gloo ranks on a GPU machine); lines
+    that only look alike, and kineto's other errors, still reach the learner."""
     out = output.RankOutput(nproc=2, colour=False)
     out.feed("fd", b"USDT:2026-11-26 14:17:31 25539:25539 SyncActivityProfilerHandler.cpp:52] profiler_start\n"
                    b"USDT:2026-11-26 14:17:31 25539:25539 SyncActivityProfilerHandler.cpp:59] profiler_stop\n"

@@ -327,8 +327,8 @@ def _prefetch_probe(prefetch: Callable, inputs: dict) -> dict:
     compute_ms = max(0.5, 2 * copy_ms)  # each batch's compute takes about two copies: room to hide them
     # Fill the compute stream's share of the caching allocator first, so nothing is allocated from CUDA during
     # the runs (CUDA lists device allocations among the operations that may keep streams apart), and launch the
-    # kernels the runs use once (`_compute_step_ms`, the copies above): a kernel's first launch loads its code
-    # and on the H100 that load waited for the GPU, which would hide a missing wait in the first run.
+    # kernels the runs use once (`_compute_step_ms`, the copies above): a kernel's first launch loads its code,
+    # and loading can wait until the GPU is idle, which would hide a missing wait in the first run.
     with torch.cuda.stream(compute):
         warm = [torch.empty(numel, device=gpu) for _ in range(n + 4)]
     del warm

@@ -17,9 +17,9 @@ The probe makes its own inputs and streams and runs the answer in three kinds of
   are judged: 2n of them, on at least two streams, overlapping.
 Before the runs the probe launches every kernel that it and the two stages use, calls the answer once (its
 own kernels), and fills the caching allocator's cache on all three streams. The first launch of a kernel in
-a process loads it (lazy module loading) and, measured on an H100, waits until the GPU is idle: it would hide
-exactly the races these runs look for. A cudaMalloc between two streams' commands did not hide a race on that
-H100, but CUDA documents that it may synchronise (implicit synchronisation), so no run makes one either.
+a process loads it (lazy module loading), and loading can wait until the GPU is idle: it would hide exactly the
+races these runs look for. CUDA documents that a cudaMalloc may synchronise too (implicit synchronisation), so
+no run makes one either.
 """
 
 from __future__ import annotations
@@ -193,107 +193,145 @@ def _mallocs() -> int:
     return int(torch.cuda.memory_stats().get("segment.all.allocated", 0))
 
 
-def _pipeline_probe(answer: Any, inputs: dict) -> dict:
-    import torch
+class _PipelineRig:
+    """What every run of the probe shares: the answer, the two streams it is given, the sizes and the clock."""
 
-    from ..measure import cycles_per_ms, gpu_sleep
-    from ..timeline import Timeline
+    def __init__(self, answer: Any, inputs: dict) -> None:
+        import torch
 
-    n, numel, stage, delay = inputs["n"], inputs["numel"], inputs["stage_ms"], inputs["delay_ms"]
-    rate = cycles_per_ms()
-    dev = torch.device("cuda", torch.cuda.current_device())
-    current = torch.cuda.current_stream()
-    producer, consumer = torch.cuda.Stream(), torch.cuda.Stream()
-    idx = torch.tensor(inputs["sample"], device=dev)
+        from ..measure import cycles_per_ms, gpu_sleep
+        from ..timeline import Timeline
 
-    def chunks_from(seeds: list[list[int]]) -> list[torch.Tensor]:
-        j = torch.arange(numel, device=dev, dtype=torch.int64)
+        self.gpu_sleep, self.Timeline = gpu_sleep, Timeline
+        self.answer = answer
+        self.n, self.numel = inputs["n"], inputs["numel"]
+        self.stage, self.delay = inputs["stage_ms"], inputs["delay_ms"]
+        self.rate = cycles_per_ms()
+        self.dev = torch.device("cuda", torch.cuda.current_device())
+        self.current = torch.cuda.current_stream()
+        self.producer, self.consumer = torch.cuda.Stream(), torch.cuda.Stream()
+        self.idx = torch.tensor(inputs["sample"], device=self.dev)
+
+    def chunks_from(self, seeds: list[list[int]]) -> list:
+        import torch
+
+        j = torch.arange(self.numel, device=self.dev, dtype=torch.int64)
         return [((j * a + b) % MOD).to(torch.float32) / SCALE for a, b in seeds]
 
-    def call(chunks: list[torch.Tensor]) -> tuple[Any, float, int]:
+    def call(self, chunks: list) -> tuple[Any, float, int]:
+        """The answer on `chunks`: what it returned, how long the host spent in it (ms), its cudaMallocs."""
         before = _mallocs()
         t0 = time.perf_counter()
-        outs = answer(chunks, producer, consumer, stage)
+        outs = self.answer(chunks, self.producer, self.consumer, self.stage)
         return outs, (time.perf_counter() - t0) * 1e3, _mallocs() - before
 
-    def result(outs: Any, host_ms: float, mallocs: int) -> dict:
-        problem = _shape_problem(outs, n, numel)
+    def result(self, outs: Any, host_ms: float, mallocs: int) -> dict:
+        problem = _shape_problem(outs, self.n, self.numel)
         if problem:
             return {"error": problem}
         return {"host_ms": host_ms, "mallocs": mallocs,
-                "samples": [o.reshape(-1)[idx].cpu().tolist() for o in outs]}
+                "samples": [o.reshape(-1)[self.idx].cpu().tolist() for o in outs]}
 
-    def late_inputs(seeds: list[list[int]]) -> dict:
-        src = chunks_from(seeds)
-        chunks = [torch.full((numel,), SENTINEL, device=dev) for _ in seeds]  # not written yet
+    def late_inputs(self, seeds: list[list[int]]) -> dict:
+        import torch
+
+        src = self.chunks_from(seeds)
+        chunks = [torch.full((self.numel,), SENTINEL, device=self.dev) for _ in seeds]  # not written yet
         torch.cuda.synchronize()
-        gpu_sleep(delay, rate)  # the current stream is busy...
+        self.gpu_sleep(self.delay, self.rate)  # the current stream is busy...
         for x, s in zip(chunks, src, strict=True):
             torch.mul(s, 1.0, out=x)  # ...then writes the inputs (a kernel: a copy could synchronise)
-        outs, host_ms, mallocs = call(chunks)
+        outs, host_ms, mallocs = self.call(chunks)
         torch.cuda.synchronize()
-        return result(outs, host_ms, mallocs)
+        return self.result(outs, host_ms, mallocs)
 
-    def late_consumer(seeds: list[list[int]]) -> dict:
-        chunks = chunks_from(seeds)
+    def late_consumer(self, seeds: list[list[int]]) -> dict:
+        import torch
+
+        chunks = self.chunks_from(seeds)
         torch.cuda.synchronize()
-        with torch.cuda.stream(consumer):
-            gpu_sleep(delay, rate)  # the consumer stream is busy before the pipeline starts
-        outs, host_ms, mallocs = call(chunks)
-        # The answer has returned: its intermediates are free as far as Python knows. New tensors on the
-        # producer stream get their blocks unless the allocator knows another stream still reads them.
-        # Fill until the allocator has no cached block left on this stream (it then calls cudaMalloc).
-        fills, base = [], _mallocs()
-        with torch.cuda.stream(producer):
-            for _ in range(8 * n + 16):
-                fills.append(torch.full((numel,), SENTINEL, device=dev))
-                if _mallocs() > base:
-                    break
+        with torch.cuda.stream(self.consumer):
+            self.gpu_sleep(self.delay, self.rate)  # the consumer stream is busy before the pipeline starts
+        outs, host_ms, mallocs = self.call(chunks)
+        fills = self.refill_producer_blocks()
         torch.cuda.synchronize()
-        r = result(outs, host_ms, mallocs)
+        r = self.result(outs, host_ms, mallocs)
         del fills
         return r
 
-    def timed(seeds: list[list[int]]) -> dict:
-        chunks = chunks_from(seeds)
+    def refill_producer_blocks(self) -> list:
+        """The answer has returned: its intermediates are free as far as Python knows. New tensors on the
+        producer stream get their blocks unless the allocator knows another stream still reads them. Fill
+        until the allocator has no cached block left on this stream (it then calls cudaMalloc); the caller
+        holds the fills until the results are read."""
+        import torch
+
+        fills, base = [], _mallocs()
+        with torch.cuda.stream(self.producer):
+            for _ in range(8 * self.n + 16):
+                fills.append(torch.full((self.numel,), SENTINEL, device=self.dev))
+                if _mallocs() > base:
+                    break
+        return fills
+
+    def timed(self, seeds: list[list[int]]) -> dict:
+        import torch
+
+        chunks = self.chunks_from(seeds)
         torch.cuda.synchronize()
-        tl = Timeline(mode="kernels")
-        tl.name_stream(producer, "producer")
-        tl.name_stream(consumer, "consumer")
+        tl = self.Timeline(mode="kernels")
+        tl.name_stream(self.producer, "producer")
+        tl.name_stream(self.consumer, "consumer")
         with tl.capture():
-            outs, host_ms, mallocs = call(chunks)
+            outs, host_ms, mallocs = self.call(chunks)
             torch.cuda.synchronize()
-        r = result(outs, host_ms, mallocs)
+        r = self.result(outs, host_ms, mallocs)
         r["kernels"] = [[s.start_ms, s.end_ms, s.stream] for s in tl.spans()
                         if s.kind == "compute" and SPIN in s.name]
         return r
 
-    def warm_kernels() -> None:
+    def warm_kernels(self, seeds: list[list[int]]) -> None:
         """Launch once every kernel the runs launch outside the answer (a first launch waits for the GPU)."""
-        x = chunks_from(inputs["warmup"][:1])[0]  # the chunks' kernels
-        late = torch.full((numel,), SENTINEL, device=dev)  # the sentinel fill
+        import torch
+
+        x = self.chunks_from(seeds[:1])[0]  # the chunks' kernels
+        late = torch.full((self.numel,), SENTINEL, device=self.dev)  # the sentinel fill
         torch.mul(x, 1.0, out=late)  # the late write of the inputs
         out = x * 2 + 1  # the stages' arithmetic: produce's 2 * x, consume's y + 1
-        gpu_sleep(0.01, rate)  # the stages' and the delays' sleep
-        out.reshape(-1)[idx].cpu().tolist()  # reading the samples
+        self.gpu_sleep(0.01, self.rate)  # the stages' and the delays' sleep
+        out.reshape(-1)[self.idx].cpu().tolist()  # reading the samples
         torch.cuda.synchronize()
 
-    runners = {"late_inputs": late_inputs, "late_consumer": late_consumer, "timed": timed}
+    def warm_answer(self, seeds: list[list[int]]) -> str | None:
+        """Call the answer once (the first launches of its own kernels); what is wrong with its results' shape."""
+        import torch
+
+        warm = self.chunks_from(seeds)
+        outs, _, _ = self.call(warm)
+        torch.cuda.synchronize()
+        return _shape_problem(outs, self.n, self.numel)
+
+    def fill_cache(self) -> None:
+        """Cache blocks of the chunks' size on all three streams, so that no run needs a cudaMalloc."""
+        import torch
+
+        for s in (self.current, self.producer, self.consumer):
+            with torch.cuda.stream(s):
+                held = [torch.empty(self.numel, device=self.dev) for _ in range(4 * self.n + 4)]
+            del held
+        torch.cuda.synchronize()
+
+
+def _pipeline_probe(answer: Any, inputs: dict) -> dict:
+    rig = _PipelineRig(answer, inputs)
+    runners = {"late_inputs": rig.late_inputs, "late_consumer": rig.late_consumer, "timed": rig.timed}
     # Warm-up (see the module docstring): kernels launched once, the answer called once, then blocks of this
     # size cached on all three streams.
-    warm_kernels()
-    warm = chunks_from(inputs["warmup"])
-    outs, _, _ = call(warm)
-    torch.cuda.synchronize()
-    problem = _shape_problem(outs, n, numel)
+    rig.warm_kernels(inputs["warmup"])
+    problem = rig.warm_answer(inputs["warmup"])
     if problem:
         return {"error": problem}
-    del outs, warm
-    for s in (current, producer, consumer):
-        with torch.cuda.stream(s):
-            held = [torch.empty(numel, device=dev) for _ in range(4 * n + 4)]
-        del held
-    torch.cuda.synchronize()
+    rig.fill_cache()
     runs = []
     for run in inputs["runs"]:
         r = runners[run["kind"]](run["seeds"])

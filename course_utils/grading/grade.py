@@ -53,15 +53,6 @@ def find_master(submission: Path, master_dir: Path) -> Path:
     raise GradeError(f"{submission}: cannot tell which master it answers; name it like one of: {names}")
 
 
-def grade_notebook(submission: str | os.PathLike, master: str | os.PathLike | None = None, *,
-                   master_dir: str | os.PathLike = "notebooks", **options) -> Grade:
-    """Grade one submission against its master (given, or found in master_dir). `options`: see Options."""
-    submission = Path(submission)
-    master = Path(master) if master else find_master(submission, Path(master_dir))
-    with Grader(Options(**options)) as grader:
-        return grader.grade(submission, master)
-
-
 def _submissions(paths: list[Path]) -> list[Path]:
     found = []
     for p in paths:

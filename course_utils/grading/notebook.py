@@ -154,11 +154,8 @@ def _error(cell) -> tuple[str, str]:
     return "", ""
 
 
-async def _run(nb, *, kernel_name, cwd, cell_timeout, timeout, max_cell_output, max_total_output,
-               box: Sandbox, gpus: list[str], read_only: list[str], sandboxed: bool) -> NotebookRun:
-    start = time.monotonic()
-    deadline = start + timeout
-    result = NotebookRun(nb=nb)
+def _client(nb, *, kernel_name, cell_timeout, deadline, max_cell_output, max_total_output) -> _GradingClient:
+    """nbclient's client for this run: errors do not stop it, a cell past its limit is interrupted."""
     client = _GradingClient(
         nb,
         max_cell_output,
@@ -166,7 +163,7 @@ async def _run(nb, *, kernel_name, cwd, cell_timeout, timeout, max_cell_output, 
         kernel_name=kernel_name,
         allow_errors=True,
         interrupt_on_timeout=True,
-        error_on_timeout={"ename": TIMEOUT_ENAME, "evalue": ""},  # evalue set per cell below
+        error_on_timeout={"ename": TIMEOUT_ENAME, "evalue": ""},  # evalue set per cell in _run_cell
         timeout_func=lambda cell: max(1, min(cell_timeout, deadline - time.monotonic())),
         shutdown_kernel="immediate",
         iopub_timeout=4,
@@ -174,18 +171,91 @@ async def _run(nb, *, kernel_name, cwd, cell_timeout, timeout, max_cell_output, 
         record_timing=False,
     )
     client.reset_execution_trackers()
+    return client
+
+
+def _kernel_manager(client, *, kernel_name, box: Sandbox, gpus: list[str], read_only: list[str],
+                    sandboxed: bool) -> dict:
+    """Give `client` a kernel manager that talks over sockets in the box (in bubblewrap when `sandboxed`);
+    returns the keyword arguments that start its kernel with the right environment."""
     # Python finds the checks modules given by file beside the course package.
     python_path = os.pathsep.join(sorted({str(Path(f).parent) for f in read_only}) + sandboxing.python_path())
     cuda = ",".join(str(i) for i in range(len(gpus))) if sandboxed else ",".join(gpus)
     environ = sandboxing.env(box, cuda, {"PYTHONPATH": python_path})
     client.km = _SandboxedKernelManager(kernel_name=kernel_name, transport="ipc", ip=str(box.root / "tmp" / "ipc"),
                                         connection_file=str(box.root / "tmp" / "kernel.json"))
-    if sandboxed:
-        client.km.box, client.km.gpus, client.km.read_only = box, list(gpus), list(read_only)
-        client.km.environ = environ
-        launch = {"env": {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}}
-    else:
-        launch = {"env": environ}
+    if not sandboxed:
+        return {"env": environ}
+    client.km.box, client.km.gpus, client.km.read_only = box, list(gpus), list(read_only)
+    client.km.environ = environ
+    return {"env": {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}}
+
+
+async def _run_cell(client, cell, index: int, count: int, limit: float) -> tuple[CellRun, str]:
+    """Run one code cell within `limit` seconds: what happened to it, and why the run must stop (or "")."""
+    client.error_on_timeout["evalue"] = f"cell {index} ran past its time limit of {limit:.3g} s and was stopped"
+    t0 = time.monotonic()
+    try:
+        await asyncio.wait_for(client.async_execute_cell(cell, index, execution_count=count), limit + 30)
+    except DeadKernelError:
+        died = "the kernel died (os._exit or a crash)"
+        return (CellRun(index, "error", "DeadKernelError", died, _stdout(cell), time.monotonic() - t0),
+                f"the kernel died in cell {index}")
+    except asyncio.TimeoutError:  # nbclient itself stuck: treat as a kernel that would not stop
+        return (CellRun(index, "timeout", TIMEOUT_ENAME, f"cell {index} never finished", _stdout(cell),
+                        time.monotonic() - t0), f"cell {index} never finished")
+    client.note_cut(cell, index)
+    reply = client.replies.get(index, {})
+    ename, evalue = _error(cell)
+    if reply.get("status") == "error" and reply.get("ename") == TIMEOUT_ENAME:
+        ename, evalue = TIMEOUT_ENAME, reply.get("evalue", "")
+    elif reply.get("status") == "error" and not ename:
+        ename, evalue = reply.get("ename", "Error"), reply.get("evalue", "")
+    status = "timeout" if ename == TIMEOUT_ENAME else ("error" if ename else "ok")
+    run = CellRun(index, status, ename, evalue, _stdout(cell), time.monotonic() - t0)
+    task = client.output_task
+    if status == "timeout" and task is not None and task.cancelled():
+        # The interrupt did not bring the kernel back to idle: it is stuck; stop here.
+        return run, f"the kernel ignored the interrupt after the time limit in cell {index}"
+    return run, ""
+
+
+async def _run_cells(client, nb, result: NotebookRun, *, deadline: float, timeout: float,
+                     cell_timeout: float) -> None:
+    """Run the code cells in order into `result`, until the notebook's deadline or a reason to stop."""
+    code_cells = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and c.source.strip()]
+    for n, index in enumerate(code_cells):
+        left = deadline - time.monotonic()
+        if left <= 0 or result.stopped:
+            if not result.stopped:
+                result.stopped = f"the notebook time limit of {timeout:g} s was reached before cell {index}"
+            for j in code_cells[n:]:
+                result.cells[j] = CellRun(j, "not run")
+            return
+        limit = max(1, min(cell_timeout, left))
+        result.cells[index], stopped = await _run_cell(client, nb.cells[index], index, n + 1, limit)
+        result.stopped = stopped or result.stopped
+
+
+async def _stop_kernel(client, process) -> None:
+    """End the kernel and everything it started, whatever state it is in."""
+    if process is not None and process.poll() is None:  # not reaped yet: its pid is still ours to signal
+        sandboxing.stop(process.pid)  # the sandbox's first process: with it, the kernel and all it started
+    try:
+        await asyncio.wait_for(client._async_cleanup_kernel(), 15)
+    except Exception:  # kernel already dead, or cleanup stuck
+        pass
+
+
+async def _run(nb, *, kernel_name, cwd, cell_timeout, timeout, max_cell_output, max_total_output,
+               box: Sandbox, gpus: list[str], read_only: list[str], sandboxed: bool) -> NotebookRun:
+    start = time.monotonic()
+    deadline = start + timeout
+    result = NotebookRun(nb=nb)
+    client = _client(nb, kernel_name=kernel_name, cell_timeout=cell_timeout, deadline=deadline,
+                     max_cell_output=max_cell_output, max_total_output=max_total_output)
+    launch = _kernel_manager(client, kernel_name=kernel_name, box=box, gpus=gpus, read_only=read_only,
+                             sandboxed=sandboxed)
     process = None
     try:
         # The kernel's own stderr (not the cells' output, which comes over iopub) would clutter the report.
@@ -193,52 +263,9 @@ async def _run(nb, *, kernel_name, cwd, cell_timeout, timeout, max_cell_output, 
                                             start_new_session=True, **launch)
         process = getattr(getattr(client.km, "provisioner", None), "process", None)
         await client.async_start_new_kernel_client()
-        code_cells = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and c.source.strip()]
-        for n, index in enumerate(code_cells):
-            cell = nb.cells[index]
-            left = deadline - time.monotonic()
-            if left <= 0 or result.stopped:
-                if not result.stopped:
-                    result.stopped = f"the notebook time limit of {timeout:g} s was reached before cell {index}"
-                for j in code_cells[n:]:
-                    result.cells[j] = CellRun(j, "not run")
-                break
-            limit = max(1, min(cell_timeout, left))
-            client.error_on_timeout["evalue"] = f"cell {index} ran past its time limit of {limit:.3g} s and was stopped"
-            t0 = time.monotonic()
-            try:
-                await asyncio.wait_for(client.async_execute_cell(cell, index, execution_count=n + 1), limit + 30)
-            except DeadKernelError:
-                died = "the kernel died (os._exit or a crash)"
-                result.cells[index] = CellRun(index, "error", "DeadKernelError", died, _stdout(cell),
-                                              time.monotonic() - t0)
-                result.stopped = f"the kernel died in cell {index}"
-                continue
-            except asyncio.TimeoutError:  # nbclient itself stuck: treat as a kernel that would not stop
-                result.cells[index] = CellRun(index, "timeout", TIMEOUT_ENAME, f"cell {index} never finished",
-                                              _stdout(cell), time.monotonic() - t0)
-                result.stopped = f"cell {index} never finished"
-                continue
-            client.note_cut(cell, index)
-            reply = client.replies.get(index, {})
-            ename, evalue = _error(cell)
-            if reply.get("status") == "error" and reply.get("ename") == TIMEOUT_ENAME:
-                ename, evalue = TIMEOUT_ENAME, reply.get("evalue", "")
-            elif reply.get("status") == "error" and not ename:
-                ename, evalue = reply.get("ename", "Error"), reply.get("evalue", "")
-            status = "timeout" if ename == TIMEOUT_ENAME else ("error" if ename else "ok")
-            result.cells[index] = CellRun(index, status, ename, evalue, _stdout(cell), time.monotonic() - t0)
-            task = client.output_task
-            if status == "timeout" and task is not None and task.cancelled():
-                # The interrupt did not bring the kernel back to idle: it is stuck; stop here.
-                result.stopped = f"the kernel ignored the interrupt after the time limit in cell {index}"
+        await _run_cells(client, nb, result, deadline=deadline, timeout=timeout, cell_timeout=cell_timeout)
     finally:
-        if process is not None and process.poll() is None:  # not reaped yet: its pid is still ours to signal
-            sandboxing.stop(process.pid)  # the sandbox's first process: with it, the kernel and all it started
-        try:
-            await asyncio.wait_for(client._async_cleanup_kernel(), 15)
-        except Exception:  # kernel already dead, or cleanup stuck
-            pass
+        await _stop_kernel(client, process)
     result.seconds = time.monotonic() - start
     return result
 

@@ -6,12 +6,13 @@ from __future__ import annotations
 import functools
 import os
 import platform
+from typing import NamedTuple
 
 from .cuda_child import cuda_facts
-from .model import GPUInfo, Machine
+from .model import GPUInfo, Machine, Topology
 from .nvml import NvmlUnavailable, read_nvml
 from .smi_text import read_smi
-from .visible import order_by_uuids, select_visible
+from .visible import Visible, order_by_uuids, select_visible
 
 SOURCE_NAMES = {"nvml": "NVML", "nvidia-smi": "nvidia-smi", "CUDA": "CUDA", "none": "nothing"}
 NO_GPU = ("No NVIDIA GPU on this machine: the course runs on the CPU (gloo) and shows GPU measurements "
@@ -48,101 +49,141 @@ def _torch_facts(notes: list[str]) -> tuple[str | None, str | None, int, bool, s
         return None, None, 0, False, None
 
 
-@functools.cache
-def probe() -> Machine:
-    """Gather the machine's facts (cached for the process). Never raises for a missing tool or GPU."""
-    notes: list[str] = []
-    torch_version, cuda_version, cuda_count, nccl_ok, nccl = _torch_facts(notes)
+class _Physical(NamedTuple):
+    """The machine's GPUs as the driver numbers them, and where the facts came from."""
 
-    physical: list[GPUInfo] = []
-    topology = driver = None
-    nvml_peer: dict[tuple[int, int], bool | None] | None = None
-    source = "none"
+    gpus: list[GPUInfo]
+    topology: Topology | None
+    nvml_peer: dict[tuple[int, int], bool | None] | None
+    driver: str | None
+    source: str  # a key of SOURCE_NAMES
+
+
+def _physical_gpus(notes: list[str], cuda_count: int) -> _Physical:
+    """Every GPU on the machine, from NVML, else from nvidia-smi (`_Physical([], ...)` when neither has any)."""
     try:
         facts = read_nvml()
-        physical, topology, nvml_peer, driver, source = facts.gpus, facts.topology, facts.peer, facts.driver, "nvml"
+        found = _Physical(facts.gpus, facts.topology, facts.peer, facts.driver, "nvml")
         notes += facts.notes
-        nvml_problem = None
+        return found
     except NvmlUnavailable as exc:
         # No driver library at all is the ordinary CPU machine, not a problem worth a note.
         nvml_problem = None if exc.no_driver else str(exc)
     except Exception as exc:  # never let a broken binding stop the report
         nvml_problem = f"NVML failed unexpectedly ({type(exc).__name__}: {exc})"
-    if source == "none":
-        smi = read_smi()  # None when nvidia-smi is not installed
-        if smi is not None:
-            notes += smi.notes
-            if smi.gpus:
-                physical, topology, driver, source = smi.gpus, smi.topology, smi.driver, "nvidia-smi"
-        if nvml_problem and (physical or cuda_count):
-            notes.append(f"{nvml_problem}; GPU facts from {'nvidia-smi' if physical else 'CUDA'} instead")
+    found = _Physical([], None, None, None, "none")
+    smi = read_smi()  # None when nvidia-smi is not installed
+    if smi is not None:
+        notes += smi.notes
+        if smi.gpus:
+            found = _Physical(smi.gpus, smi.topology, None, smi.driver, "nvidia-smi")
+    if nvml_problem and (found.gpus or cuda_count):
+        notes.append(f"{nvml_problem}; GPU facts from {'nvidia-smi' if found.gpus else 'CUDA'} instead")
+    return found
 
-    env = os.environ.get("CUDA_VISIBLE_DEVICES")
-    visible = select_visible(physical, env, os.environ.get("CUDA_DEVICE_ORDER")) if physical else None
-    gpus = visible.gpus if visible else []
-    numbering = visible.numbering if visible else None
-    notes += visible.problems if visible else []
 
-    # Ask CUDA itself (in a child) only when NVML cannot settle it: CUDA's order is uncertain, the
-    # counts disagree, or there is no NVML to say which pairs have peer access.
-    peer_from_child = source != "nvml" and cuda_count > 1
+def _ask_cuda(physical: _Physical, visible: Visible | None, cuda_count: int, notes: list[str]) -> dict | None:
+    """CUDA's own facts, from a child process, only when NVML cannot settle them: CUDA's order is uncertain,
+    the counts disagree, or there is no NVML to say which pairs have peer access."""
+    peer_from_child = physical.source != "nvml" and cuda_count > 1
     child = None
-    if cuda_count and (not physical or not visible.certain or len(gpus) != cuda_count or peer_from_child):
+    if cuda_count and (not physical.gpus or not visible.certain or len(visible.gpus) != cuda_count
+                       or peer_from_child):
         child = cuda_facts(peer=peer_from_child)
         if child is None:
             notes.append("CUDA is visible but a child process could not query it")
-    if child is not None:
-        if physical:
-            mapped = order_by_uuids(physical, [g["uuid"] for g in child["gpus"]])
-            if mapped is not None:
-                gpus = mapped
-                numbering = "CUDA's numbers, asked of CUDA in a child process" + (
-                    f" (CUDA_VISIBLE_DEVICES={env})" if env is not None else "")
-            elif not visible.certain or len(gpus) != cuda_count:
-                notes.append(f"could not match CUDA's GPUs to {SOURCE_NAMES[source]}'s by UUID: GPU numbers may differ")
-        else:
-            gpus = [GPUInfo(index=i, name=g["name"], memory_gib=round(g["memory_gib"], 1),
-                            compute_capability=g["cc"], uuid=g["uuid"] and f"GPU-{g['uuid']}")
-                    for i, g in enumerate(child["gpus"])]
-            source, numbering = "CUDA", "CUDA's numbers"
-            notes.append("no NVML and no nvidia-smi: GPU links and PCIe facts unknown")
+    return child
 
-    peer = None
+
+def _visible_gpus(physical: _Physical, cuda_count: int, env: str | None,
+                  notes: list[str]) -> tuple[list[GPUInfo], str | None, str, dict | None]:
+    """The GPUs this process may use, numbered as CUDA numbers them: (the GPUs, how the numbers were worked
+    out, where the facts came from, CUDA's facts from a child process or None)."""
+    source = physical.source
+    visible = select_visible(physical.gpus, env, os.environ.get("CUDA_DEVICE_ORDER")) if physical.gpus else None
+    gpus = visible.gpus if visible else []
+    numbering = visible.numbering if visible else None
+    notes += visible.problems if visible else []
+    child = _ask_cuda(physical, visible, cuda_count, notes)
+    if child is None:
+        return gpus, numbering, source, None
+    if not physical.gpus:
+        notes.append("no NVML and no nvidia-smi: GPU links and PCIe facts unknown")
+        return _gpus_from_child(child), "CUDA's numbers", "CUDA", child
+    mapped = order_by_uuids(physical.gpus, [g["uuid"] for g in child["gpus"]])
+    if mapped is not None:
+        return mapped, "CUDA's numbers, asked of CUDA in a child process" + (
+            f" (CUDA_VISIBLE_DEVICES={env})" if env is not None else ""), source, child
+    if not visible.certain or len(gpus) != cuda_count:
+        notes.append(f"could not match CUDA's GPUs to {SOURCE_NAMES[source]}'s by UUID: GPU numbers may differ")
+    return gpus, numbering, source, child
+
+
+def _gpus_from_child(child: dict) -> list[GPUInfo]:
+    return [GPUInfo(index=i, name=g["name"], memory_gib=round(g["memory_gib"], 1),
+                    compute_capability=g["cc"], uuid=g["uuid"] and f"GPU-{g['uuid']}")
+            for i, g in enumerate(child["gpus"])]
+
+
+def _peer_access(gpus: list[GPUInfo], nvml_peer: dict | None, child: dict | None) -> dict[str, bool] | None:
+    """Which pairs of visible GPUs can reach each other's memory, keyed "a->b" in CUDA's numbers."""
     if nvml_peer is not None and len(gpus) > 1:
-        peer = {f"{a.index}->{b.index}": ok for a in gpus for b in gpus if a is not b
+        return {f"{a.index}->{b.index}": ok for a in gpus for b in gpus if a is not b
                 if (ok := nvml_peer.get((a.physical_index, b.physical_index))) is not None}
-    elif child is not None and child["peer"]:
-        peer = child["peer"]
+    if child is not None and child["peer"]:
+        return child["peer"]
+    return None
 
+
+def _count_notes(gpus: list[GPUInfo], cuda_count: int, cuda_version: str | None, source: str,
+                 env: str | None) -> list[str]:
+    """Notes for GPUs the driver's tools see but torch does not (or not as many)."""
+    notes = []
     if gpus and cuda_count and len(gpus) != cuda_count:
         notes.append(f"{SOURCE_NAMES[source]} finds {len(gpus)} GPU(s) for CUDA_VISIBLE_DEVICES={env},"
                      f" torch sees {cuda_count}")
     if gpus and not cuda_count:
         why = "this torch is a CPU build" if cuda_version is None else "is the driver older than torch's CUDA?"
         notes.append(f"{SOURCE_NAMES[source]} sees GPUs but torch cannot use them ({why})")
-    backend, reason = choose_backend(cuda_count, nccl_ok, nproc=2)
+    return notes
 
+
+def _usable_cores() -> int:
     try:
-        usable = len(os.sched_getaffinity(0))
+        return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
-        usable = os.cpu_count() or 1
+        return os.cpu_count() or 1
+
+
+@functools.cache
+def probe() -> Machine:
+    """Gather the machine's facts (cached for the process). Never raises for a missing tool or GPU."""
+    notes: list[str] = []
+    torch_version, cuda_version, cuda_count, nccl_ok, nccl = _torch_facts(notes)
+    physical = _physical_gpus(notes, cuda_count)
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    gpus, numbering, source, child = _visible_gpus(physical, cuda_count, env, notes)
+    peer = _peer_access(gpus, physical.nvml_peer, child)
+    notes += _count_notes(gpus, cuda_count, cuda_version, source, env)
+    backend, reason = choose_backend(cuda_count, nccl_ok, nproc=2)
+    topology = physical.topology
     return Machine(
         gpus=gpus,
         topology=topology.select([g.physical_index for g in gpus]) if topology and len(gpus) > 1 else None,
         peer_access=peer or None,
         cpu_cores=os.cpu_count() or 1,
-        cpu_cores_usable=usable,
+        cpu_cores_usable=_usable_cores(),
         python=platform.python_version(),
         torch=torch_version,
         cuda=cuda_version,
         nccl=nccl,
-        driver=driver,
+        driver=physical.driver,
         backend=backend,
         backend_reason=reason,
         notes=notes,
         source=source,
         numbering=numbering,
-        gpus_on_machine=len(physical) or len(gpus),
+        gpus_on_machine=len(physical.gpus) or len(gpus),
     )
 
 

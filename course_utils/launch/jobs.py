@@ -18,9 +18,9 @@ def one_shot(payload: list[memoryview], nproc: int, backend: str, gpus: bool, ti
     deadline = deadline_after(timeout)
     group = Group(nproc, backend, gpus, ranks)
     try:
-        # Every rank joins the process group before any runs the call: a rank that returned at once and exited
-        # would otherwise close its gloo connections under a rank still joining ("connectFullMesh failed ...
-        # Connection closed by peer", seen once in CI with a function that runs no collective).
+        # Every rank joins the process group before any runs the call: a rank whose call runs no collective
+        # returns at once, and if it then exited it would close its gloo connections under a rank still joining,
+        # which fails ("connectFullMesh failed ... Connection closed by peer").
         group.wait(None, deadline, timeout)
         seq = group.send(payload, close=True)
         results = group.wait(seq, deadline, timeout)

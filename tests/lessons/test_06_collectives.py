@@ -12,7 +12,6 @@ import re
 from pathlib import Path
 
 import pytest
-import torch
 
 from course_utils import bench, checks, launch, reference
 from course_utils.checks import collectives as c06
@@ -25,7 +24,6 @@ NOTEBOOK = ROOT / "notebooks" / "06_collectives.ipynb"
 STEM = NOTEBOOK.stem
 WRONG = ROOT / "tests" / "wrong_answers" / STEM
 BUSBW, TIME = "ex06_busbw", "ex06_time_collective"
-NGPU = torch.cuda.device_count()
 
 
 @pytest.fixture(scope="module")

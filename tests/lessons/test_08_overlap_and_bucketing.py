@@ -27,7 +27,6 @@ NOTEBOOK = ROOT / "notebooks" / "08_overlap_and_bucketing.ipynb"
 STEM = NOTEBOOK.stem
 WRONG = ROOT / "tests" / "wrong_answers" / STEM
 DP, SCHED = "ex08_bucketed_dp", "ex08_bucket_schedule"
-TWO_GPUS = torch.cuda.device_count() >= 2
 
 
 @pytest.fixture(scope="module")
