@@ -27,8 +27,8 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from course_utils.timeline import RANGE, Span, Timeline, from_profiler  # noqa: E402
+from course_utils.timeline.profiler_trace import ANCHOR, COMM_OP, PROBE, memcpy_kind, spans_from_trace  # noqa: E402
 from course_utils.timeline.stats import timeline_stats  # noqa: E402
-from course_utils.timeline.trace import ANCHOR, COMM_OP, PROBE, memcpy_kind, spans_from_trace  # noqa: E402
 
 PID = 4242  # the process; its main thread has tid == pid on Linux
 
@@ -351,7 +351,7 @@ def test_ranges_that_launched_no_gpu_work_are_drawn_on_their_host_row():
     """On a GPU (host_ops off, launches in the trace) the outer timeline of nested captures once dropped the
     inner timeline's range because it launched no kernel. A range the user opened is drawn: over the work
     it launched on each GPU row, else over its host time on its thread's row; its own ranges likewise."""
-    from course_utils.timeline.trace import OwnRange
+    from course_utils.timeline.profiler_trace import OwnRange
 
     trace = gpu_trace()
     other = PID + 1  # another thread of the process, e.g. a backward or a data-loading thread
