@@ -384,8 +384,45 @@ def test_capture_is_a_no_op_in_host_mode():
         with tl.span("a"):
             pass
     assert [s.name for s in tl.spans()] == ["a"]
-    # mode=None picks kernels where CUDA is available (without initialising it here), else host
-    assert Timeline().mode == ("kernels" if torch.cuda.is_available() else "host")
+    # mode=None picks kernels where the profiler sees CUDA kernels (without initialising CUDA here), else
+    # events on a GPU, else host
+    from torch.profiler import ProfilerActivity, supported_activities
+
+    best = "host" if not torch.cuda.is_available() else \
+        "kernels" if ProfilerActivity.CUDA in supported_activities() else "events"
+    assert Timeline().mode == best
+
+
+def test_the_mode_is_fixed_when_the_timeline_is_made():
+    """Using a timeline outside a capture never changes its mode; what its mode cannot serve raises,
+    saying what was wrong and what to do."""
+    tl = Timeline(device="cpu", mode="kernels")
+    with pytest.raises(RuntimeError) as err:
+        tl.span("outside")
+    msg = str(err.value)
+    assert "'outside' is outside `with tl.capture():`" in msg and "mode='kernels'" in msg
+    assert "put the work inside `with tl.capture():`" in msg and "Timeline(mode='host')" in msg
+    tl.mark("an instant")  # marks and host spans are host-clock records in every mode: no capture needed
+    with tl.span("loading", kind="host"):
+        pass
+    assert tl.mode == "kernels"
+    with pytest.raises(AttributeError):
+        tl.mode = "events"  # read-only
+    with tl.capture():
+        with tl.span("inside"):
+            torch.ones(4).add_(1)
+    assert tl.mode == "kernels"
+    assert {"an instant", "loading", "inside"} <= {s.name for s in tl.spans()}
+    auto = Timeline()
+    with auto.capture():  # right in every mode: a no-op outside kernels mode
+        with auto.span("a"):
+            torch.ones(4).add_(1)
+    mode = auto.mode
+    if mode != "kernels":  # host or events mode: spans outside a capture are fine, and change nothing
+        with auto.span("b"):
+            pass
+        assert {"a", "b"} <= {s.name for s in auto.spans()}
+    assert auto.mode == mode
 
 
 def _gloo_kernels_worker():
