@@ -94,19 +94,21 @@ def _warm_up(*streams, extra=None) -> None:
 
 
 # ------------------------------------------------------------------ kernels mode
-def test_kernels_mode_is_the_default_and_falls_back_to_events_outside_a_capture():
+def test_kernels_mode_is_the_default_and_stays_kernels_mode():
+    """A Timeline's mode is fixed when it is made: a span outside the capture raises (it never turns the
+    timeline into an events one), and the timeline still captures afterwards."""
     tl = Timeline()
     assert tl.mode == "kernels" and tl.uses_cuda
-    with tl.span("outside any capture"):
-        torch.cuda._sleep(1000)
-    assert tl.mode == "events" and tl.spans()[0].name == "outside any capture"
-    with pytest.raises(RuntimeError, match="outside `with tl.capture"):
-        tl.capture()
-    tl2 = Timeline()
-    with tl2.capture():
-        pass
+    misuse = r"outside `with tl.capture\(\):`.*mode='kernels'.*Timeline\(mode='events'\)"
+    with pytest.raises(RuntimeError, match=misuse):
+        tl.span("outside any capture")
+    assert tl.mode == "kernels"
+    with tl.capture():
+        with tl.span("inside"):
+            torch.cuda._sleep(1000)
     with pytest.raises(RuntimeError, match="inside `with tl.capture"):
-        tl2.span("after the capture")
+        tl.span("after the capture")
+    assert tl.mode == "kernels" and [s.name for s in tl.spans() if s.kind == "range"] == ["inside"]
 
 
 def _two_then_one(rate, s1, s2):

@@ -27,8 +27,8 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from course_utils.timeline import RANGE, Span, Timeline, from_profiler  # noqa: E402
+from course_utils.timeline.profiler_trace import ANCHOR, COMM_OP, PROBE, memcpy_kind, spans_from_trace  # noqa: E402
 from course_utils.timeline.stats import timeline_stats  # noqa: E402
-from course_utils.timeline.trace import ANCHOR, COMM_OP, PROBE, memcpy_kind, spans_from_trace  # noqa: E402
 
 PID = 4242  # the process; its main thread has tid == pid on Linux
 
@@ -351,7 +351,7 @@ def test_ranges_that_launched_no_gpu_work_are_drawn_on_their_host_row():
     """On a GPU (host_ops off, launches in the trace) the outer timeline of nested captures once dropped the
     inner timeline's range because it launched no kernel. A range the user opened is drawn: over the work
     it launched on each GPU row, else over its host time on its thread's row; its own ranges likewise."""
-    from course_utils.timeline.trace import OwnRange
+    from course_utils.timeline.profiler_trace import OwnRange
 
     trace = gpu_trace()
     other = PID + 1  # another thread of the process, e.g. a backward or a data-loading thread
@@ -384,8 +384,45 @@ def test_capture_is_a_no_op_in_host_mode():
         with tl.span("a"):
             pass
     assert [s.name for s in tl.spans()] == ["a"]
-    # mode=None picks kernels where CUDA is available (without initialising it here), else host
-    assert Timeline().mode == ("kernels" if torch.cuda.is_available() else "host")
+    # mode=None picks kernels where the profiler sees CUDA kernels (without initialising CUDA here), else
+    # events on a GPU, else host
+    from torch.profiler import ProfilerActivity, supported_activities
+
+    best = "host" if not torch.cuda.is_available() else \
+        "kernels" if ProfilerActivity.CUDA in supported_activities() else "events"
+    assert Timeline().mode == best
+
+
+def test_the_mode_is_fixed_when_the_timeline_is_made():
+    """Using a timeline outside a capture never changes its mode; what its mode cannot serve raises,
+    saying what was wrong and what to do."""
+    tl = Timeline(device="cpu", mode="kernels")
+    with pytest.raises(RuntimeError) as err:
+        tl.span("outside")
+    msg = str(err.value)
+    assert "'outside' is outside `with tl.capture():`" in msg and "mode='kernels'" in msg
+    assert "put the work inside `with tl.capture():`" in msg and "Timeline(mode='host')" in msg
+    tl.mark("an instant")  # marks and host spans are host-clock records in every mode: no capture needed
+    with tl.span("loading", kind="host"):
+        pass
+    assert tl.mode == "kernels"
+    with pytest.raises(AttributeError):
+        tl.mode = "events"  # read-only
+    with tl.capture():
+        with tl.span("inside"):
+            torch.ones(4).add_(1)
+    assert tl.mode == "kernels"
+    assert {"an instant", "loading", "inside"} <= {s.name for s in tl.spans()}
+    auto = Timeline()
+    with auto.capture():  # right in every mode: a no-op outside kernels mode
+        with auto.span("a"):
+            torch.ones(4).add_(1)
+    mode = auto.mode
+    if mode != "kernels":  # host or events mode: spans outside a capture are fine, and change nothing
+        with auto.span("b"):
+            pass
+        assert {"a", "b"} <= {s.name for s in auto.spans()}
+    assert auto.mode == mode
 
 
 def _gloo_kernels_worker():

@@ -12,7 +12,8 @@ Modules, one idea each (arrows point one way; `spans` is the leaf):
     record.py   Timeline: the three modes, export/merge/gather, stored spans;  ranks.py  merging clocks
     kernels.py  kernel-accurate recording through torch.profiler (one profiler run shared by captures)
     stats.py    numbers (busy/idle, HTA's communication/computation overlap, ...)
-    plot.py     Nsight-style drawing;  trace.py  Chrome trace out (Perfetto), profiler traces in (classification)
+    plot.py     Nsight-style drawing;  trace.py  Chrome trace out (Perfetto), profiler traces in
+    profiler_trace.py  reading a torch.profiler trace: index it once, one function per rule
 Importing this package initialises neither CUDA nor matplotlib.
 """
 

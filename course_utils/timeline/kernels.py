@@ -6,8 +6,8 @@
             ...
     tl.spans()                              # kernels, copies, NCCL kernels (row "comm"), ranges
 
-What becomes a span is `trace.spans_from_trace`'s business (the reading of the profiler's Chrome trace:
-kernels, copies and NCCL kernels on their streams, named ranges over the work they launched).
+What becomes a span is `profiler_trace.spans_from_trace`'s business (the reading of the profiler's Chrome
+trace: kernels, copies and NCCL kernels on their streams, named ranges over the work they launched).
 
 Clocks. kineto writes every timestamp (CPU ops and, through CUPTI's timestamp callback, GPU activity)
 on one clock: `ts` is µs since `baseTimeNanoseconds`, and ts * 1000 + baseTimeNanoseconds is Unix time
@@ -20,7 +20,7 @@ right after the profiler starts and right before it stops, with perf_counter rea
 half the time to enter a record_function, a few µs, shown under merged plots). So kernel times of ranks
 on one host land on one axis with no barrier-based guess.
 
-Recording only here; reading the trace is in `trace`, numbers in `stats`, drawing in `plot`.
+Recording only here; reading the trace is in `profiler_trace`, numbers in `stats`, drawing in `plot`.
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .profiler_trace import ANCHOR, PROBE, OwnRange, spans_from_trace
 from .spans import Span
-from .trace import ANCHOR, PROBE, OwnRange, spans_from_trace
 
 __all__ = ["KernelRecorder"]
 

@@ -1,6 +1,7 @@
 """Draw spans Nsight-style: rows by rank then stream, one colour per kind, ms from a common zero.
 
-Only drawing here; the numbers printed under the plot come from `stats` (on the spans' true times).
+Only drawing here; the numbers printed under the plot come from `stats` (on the spans' true times). `plot`
+first measures (`layout`: rows, lanes and the time axis; `footer`: the text under the plot), then draws.
 Text is 11-13 pt on an 8-inch-wide figure: JupyterLab shrinks a wider picture to its output width (about 840 px
 in a 1280 px window with the file browser open), so the smallest text still shows at 12 px or more, as large as
 the notebook's own code.
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import math
 import textwrap
+from dataclasses import dataclass
 from typing import Any
 
 from .spans import KINDS, MARK, RANGE, Span, lanes, row_label, subtract, union
@@ -41,7 +43,7 @@ BAR_FONT = 11  # names inside bars and marks
 ROW_LABEL_MAX = 24
 RANGE_H = 0.45  # height of one lane of named ranges, in rows
 
-__all__ = ["COLORS", "LABELS", "display_name", "plot"]
+__all__ = ["COLORS", "LABELS", "Layout", "RowLayout", "display_name", "footer", "layout", "plot"]
 
 
 def _short(label: str, n: int = ROW_LABEL_MAX) -> str:
@@ -83,6 +85,202 @@ def _inside(wait: Span, work: list[Span]) -> int | None:
     return None
 
 
+# ------------------------------------------------------------------ measuring: where everything goes
+@dataclass
+class RowLayout:
+    """One row's spans, sorted into what is drawn where."""
+
+    work: list[Span]  # work, and waits not recorded inside a work span, in lanes
+    work_lanes: list[int]
+    inner_waits: list[Span]  # waits recorded inside a work span: hatched over it
+    ranges: list[Span]  # named ranges: a band at the top of the row, one lane per level of overlap
+    range_lanes: list[int]
+    marks: list[Span]  # by time
+
+    @property
+    def n_work(self) -> int:
+        return max(self.work_lanes, default=0) + 1
+
+    @property
+    def band(self) -> float:
+        """Height of the ranges' band, in rows."""
+        return RANGE_H * (max(self.range_lanes, default=0) + 1) if self.ranges else 0.0
+
+    @property
+    def height(self) -> float:
+        return self.n_work + self.band
+
+
+@dataclass
+class Layout:
+    """Rows in drawing order and the time axis: ms from the first timed span."""
+
+    rows: dict[str, RowLayout]
+    zero: float
+    span_ms: float
+
+
+def layout(spans: list[Span]) -> Layout:
+    """Rows by rank, then in order of first appearance; each row's work in lanes (see `RowLayout`)."""
+    for s in spans:
+        if s.kind not in KINDS and s.kind not in (MARK, RANGE):
+            raise ValueError(f"span {s.name!r} has unknown kind {s.kind!r}")
+    multi = len({s.rank for s in spans}) > 1
+    labels: list[str] = []
+    for s in sorted(spans, key=lambda s: s.rank):  # stable: within a rank, rows in order of first appearance
+        label = row_label(s, multi)
+        if label not in labels:
+            labels.append(label)
+    timed = [s for s in spans if s.kind != MARK] or spans
+    zero = min((s.start_ms for s in timed), default=0.0)
+    end = max((s.end_ms for s in timed), default=1.0)
+    rows = {}
+    for r in labels:
+        mine = [s for s in spans if row_label(s, multi) == r]
+        work = [s for s in mine if s.kind not in (MARK, RANGE, "wait")]
+        waits = [s for s in mine if s.kind == "wait"]
+        inner = {id(w): _inside(w, work) for w in waits}
+        work += [w for w in waits if inner[id(w)] is None]
+        ranges = [s for s in mine if s.kind == RANGE]
+        marks = sorted((s for s in mine if s.kind == MARK), key=lambda s: s.start_ms)
+        rows[r] = RowLayout(work, lanes(work), [w for w in waits if inner[id(w)] is not None], ranges,
+                            lanes(ranges), marks)
+    return Layout(rows, zero, max(end - zero, 1e-6))
+
+
+def footer(spans: list[Span], mode: str | None = None, skew_ms: float | None = None,
+           skew_note: str | None = None) -> str:
+    """The text under the plot: what bars mean in this mode, the stats, how well ranks are aligned."""
+    text = timeline_stats(spans).summary()
+    if mode in MODE_NOTES:
+        text = "\n".join(textwrap.wrap(MODE_NOTES[mode], 80)) + "\n" + text
+    if skew_ms is not None:
+        text += f"\n  ranks aligned to within about {skew_ms * 1000:.0f} µs" + (f" ({skew_note})" if skew_note else "")
+    return text
+
+
+# ------------------------------------------------------------------ drawing
+class _Bars:
+    """Draws bars on one axes; a bar narrower than `min_w` ms is widened to it and marked with a caret."""
+
+    def __init__(self, ax: Any, zero: float, min_w: float):
+        self.ax, self.zero, self.min_w, self.narrow = ax, zero, min_w, 0
+
+    def bar(self, s: Span, y: float, h: float, **kw: Any) -> tuple[float, float]:
+        x, w = s.start_ms - self.zero, s.duration_ms
+        if w < self.min_w:
+            w, self.narrow = self.min_w, self.narrow + 1
+            self.ax.plot(x + w / 2, y - 0.02, marker="v", color="black", markersize=5, linestyle="")
+        self.ax.broken_barh([(x, w)], (y, h), **kw)
+        return x, w
+
+
+def _draw_ranges(b: _Bars, row: RowLayout, y0: float, span_ms: float) -> None:
+    """Named ranges: pale bars in a band at the top of the row, named where the name fits."""
+    for s, lane in zip(row.ranges, row.range_lanes, strict=True):
+        h = RANGE_H
+        x, w = b.bar(s, y0 + lane * h + 0.03, h - 0.04, facecolor=RANGE_COLOR, edgecolor="black", linewidth=0.6)
+        label = _fit(s.name, w / span_ms)
+        if label:
+            b.ax.text(x + 0.005 * span_ms, y0 + (lane + 0.5) * h, label, ha="left", va="center",
+                      fontsize=BAR_FONT, color="black", clip_on=True)
+
+
+def _draw_work(b: _Bars, row: RowLayout, top: float, span_ms: float) -> None:
+    """Work bars in their lanes, each named in its longest stretch not covered by a wait drawn over it;
+    then the waits recorded inside a span, hatched over the span they interrupt."""
+    zero, lane_of = b.zero, {}
+    for s, lane in zip(row.work, row.work_lanes, strict=True):
+        lane_of[id(s)] = lane
+        # facecolor, not color: `color` also sets the hatch colour, and a white wait would lose its hatching
+        kw: dict[str, Any] = {"facecolor": COLORS[s.kind], "edgecolor": "black", "linewidth": 0.4}
+        if s.kind == "wait":
+            kw["hatch"] = "///"
+        x, w = b.bar(s, top + lane + 0.08, 0.84, **kw)
+        free = subtract([(x, x + w)], union((wt.start_ms - zero, wt.end_ms - zero) for wt in row.inner_waits
+                                            if s.start_ms <= wt.start_ms and wt.end_ms <= s.end_ms))
+        fx, fw = max(((a, c - a) for a, c in free), key=lambda p: p[1], default=(x, 0.0))
+        label = _fit(display_name(s.name), fw / span_ms)  # only names that fit inside their bar
+        if label:
+            b.ax.text(fx + fw / 2, top + lane + 0.5, label, ha="center", va="center", fontsize=BAR_FONT,
+                      color="black" if s.kind in ("wait", "host") else "white", clip_on=True)
+    for wt in row.inner_waits:
+        host = next(s for s in row.work if s.start_ms <= wt.start_ms and wt.end_ms <= s.end_ms and s.kind != "wait")
+        b.bar(wt, top + lane_of[id(host)] + 0.08, 0.84, facecolor=COLORS["wait"], edgecolor="black",
+              linewidth=0.4, hatch="///")
+
+
+def _draw_marks(ax: Any, row: RowLayout, y0: float, zero: float, span_ms: float) -> None:
+    """Marks: dashed vertical lines across the row, named unless crowded by the previous one."""
+    last_label = -math.inf
+    for m in row.marks:
+        ax.plot([m.start_ms - zero] * 2, [y0, y0 + row.height], linestyle="--", color="black", linewidth=0.8)
+        if m.start_ms - last_label > 0.08 * span_ms:
+            ax.text(m.start_ms - zero, y0, f" {m.name}", fontsize=BAR_FONT, va="bottom")
+            last_label = m.start_ms
+
+
+def _draw_rows(b: _Bars, lay: Layout) -> tuple[list[float], float]:
+    """Every row top to bottom; returns the y of each row's label and the bottom of the last row."""
+    y0, yticks = 0.0, []
+    for row in lay.rows.values():
+        _draw_ranges(b, row, y0, lay.span_ms)
+        top = y0 + row.band
+        _draw_work(b, row, top, lay.span_ms)
+        _draw_marks(b.ax, row, y0, lay.zero, lay.span_ms)
+        yticks.append(top + row.n_work / 2)
+        y0 += row.height
+    return yticks, y0
+
+
+def _legend(ax: Any, spans: list[Span], narrow: bool) -> int:
+    """One entry per kind drawn, above the plot (the bars keep the figure's width); returns its rows."""
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    kinds_seen = [k for k in KINDS if any(s.kind == k for s in spans)]
+    handles: list[Any] = [Patch(facecolor=COLORS[k], edgecolor="black", hatch="///" if k == "wait" else None,
+                                label=LABELS[k]) for k in kinds_seen]
+    if any(s.kind == RANGE for s in spans):
+        handles.append(Patch(facecolor=RANGE_COLOR, edgecolor="black", label="named range (not work)"))
+    if narrow:
+        handles.append(Line2D([], [], marker="v", color="black", linestyle="", label="widened to be visible"))
+    if not handles:
+        return 0
+    ncol = min(len(handles), 3)
+    ax.legend(handles=handles, loc="lower left", bbox_to_anchor=(0.0, 1.01), ncol=ncol, fontsize=FONT - 1,
+              frameon=False, borderaxespad=0.2, handlelength=1.6, columnspacing=1.5)
+    return math.ceil(len(handles) / ncol)
+
+
+def _axes(ax: Any, lay: Layout, yticks: list[float], bottom: float, mode: str | None) -> None:
+    """Row labels, the first row on top (as in Nsight), time in ms on x."""
+    ax.set_yticks(yticks)
+    ax.set_yticklabels([_short(r) for r in lay.rows], fontsize=FONT)
+    ax.set_ylim(bottom + 0.15, -0.15)
+    ax.set_xlim(-0.01 * lay.span_ms, lay.span_ms * 1.01)
+    ax.set_xlabel("time (ms) from the first recorded event", fontsize=FONT)
+    ax.tick_params(axis="x", labelsize=FONT)
+    if mode == "events":
+        ax.set_ylabel("stream progress (CUDA events)", fontsize=FONT)
+    ax.grid(axis="x", alpha=0.3)
+
+
+def _place_text(fig: Any, ax: Any, text: str, own_figure: bool, plot_h: float, text_h: float) -> None:
+    """The footer under the axes: in a strip reserved for it in our own figure, else under the caller's axes."""
+    if text and own_figure:
+        fig.tight_layout(rect=(0.0, text_h / (plot_h + text_h), 1.0, 1.0))
+        left = ax.get_position().x0
+        fig.text(min(left, 0.02), (text_h - 0.05) / (plot_h + text_h), text, va="top", ha="left",
+                 family="monospace", fontsize=FONT - 1)
+    elif text:
+        ax.annotate(text, xy=(0.0, 0.0), xycoords="axes fraction", xytext=(0, -48), textcoords="offset points",
+                    va="top", ha="left", family="monospace", fontsize=FONT - 1)
+        fig.tight_layout()
+    else:
+        fig.tight_layout()
+
+
 def plot(spans: list[Span], title: str | None = None, min_width_frac: float = 0.004, show_stats: bool = True,
          skew_ms: float | None = None, ax: Any = None, mode: str | None = None, skew_note: str | None = None):
     """Return a matplotlib Figure of `spans`, with the stats under it.
@@ -93,145 +291,26 @@ def plot(spans: list[Span], title: str | None = None, min_width_frac: float = 0.
     is drawn hatched over it. mode ("kernels", "events", "host") adds a line saying what bars mean.
     """
     import matplotlib.pyplot as plt
-    from matplotlib.lines import Line2D
-    from matplotlib.patches import Patch
 
-    for s in spans:
-        if s.kind not in KINDS and s.kind not in (MARK, RANGE):
-            raise ValueError(f"span {s.name!r} has unknown kind {s.kind!r}")
-    multi = len({s.rank for s in spans}) > 1
-    rows: list[str] = []
-    for s in sorted(spans, key=lambda s: s.rank):  # stable: within a rank, rows in order of first appearance
-        label = row_label(s, multi)
-        if label not in rows:
-            rows.append(label)
-    timed = [s for s in spans if s.kind != MARK] or spans
-    zero = min((s.start_ms for s in timed), default=0.0)
-    end = max((s.end_ms for s in timed), default=1.0)
-    span_ms = max(end - zero, 1e-6)
-    min_w = min_width_frac * span_ms
-
-    # Per row: work (and standalone waits) in lanes; waits inside a work span drawn over it; ranges in a band.
-    layout = {}
-    for r in rows:
-        mine = [s for s in spans if row_label(s, multi) == r]
-        work = [s for s in mine if s.kind not in (MARK, RANGE, "wait")]
-        waits = [s for s in mine if s.kind == "wait"]
-        inner = {id(w): _inside(w, work) for w in waits}
-        work += [w for w in waits if inner[id(w)] is None]
-        ranges = [s for s in mine if s.kind == RANGE]
-        layout[r] = (work, lanes(work), [w for w in waits if inner[id(w)] is not None], ranges, lanes(ranges))
-    n_text = 0
-    stats = timeline_stats(spans) if show_stats else None
-    text = ""
-    if stats is not None:
-        text = stats.summary()
-        if mode in MODE_NOTES:
-            text = "\n".join(textwrap.wrap(MODE_NOTES[mode], 80)) + "\n" + text
-        if skew_ms is not None:
-            text += f"\n  ranks aligned to within about {skew_ms * 1000:.0f} µs" + (f" ({skew_note})" if skew_note
-                                                                                    else "")
-        n_text = text.count("\n") + 1
-    height = sum(max(ls, default=0) + 1 + (RANGE_H * (max(rl) + 1) if rg else 0.0)
-                 for _, ls, _, rg, rl in layout.values())
+    lay = layout(spans)
+    text = footer(spans, mode, skew_ms, skew_note) if show_stats else ""
+    n_text = text.count("\n") + 1 if show_stats else 0
     own_figure = ax is None
-    if own_figure:
+    plot_h = text_h = 0.0
+    if own_figure:  # tall enough for the rows, the legend above them and the footer under them
         n_handles = len({s.kind for s in spans if s.kind != MARK}) + 1  # legend entries, at most
+        height = sum(r.height for r in lay.rows.values())
         plot_h = 1.4 + 0.5 * max(height, 1) + 0.22 * math.ceil(n_handles / 3)
         text_h = 0.2 * n_text + 0.15 if n_text else 0.0
         fig = plt.figure(figsize=(FIG_W, plot_h + text_h))
         ax = fig.add_subplot(1, 1, 1)
     else:
         fig = ax.figure
-
-    y0, yticks, narrow = 0.0, [], 0
-
-    def bar(s: Span, y: float, h: float, **kw: Any) -> tuple[float, float]:
-        nonlocal narrow
-        x, w = s.start_ms - zero, s.duration_ms
-        if w < min_w:
-            w, narrow = min_w, narrow + 1
-            ax.plot(x + w / 2, y - 0.02, marker="v", color="black", markersize=5, linestyle="")
-        ax.broken_barh([(x, w)], (y, h), **kw)
-        return x, w
-
-    for r in rows:
-        work, work_lanes, inner_waits, ranges, range_lanes = layout[r]
-        n_work = max(work_lanes, default=0) + 1
-        n_rl = max(range_lanes, default=0) + 1
-        band = RANGE_H * n_rl if ranges else 0.0
-        row_h = n_work + band
-        # named ranges: pale bars in a band at the top of the row, one lane per level of overlap
-        for s, lane in zip(ranges, range_lanes, strict=True):
-            h = RANGE_H
-            x, w = bar(s, y0 + lane * h + 0.03, h - 0.04, facecolor=RANGE_COLOR, edgecolor="black", linewidth=0.6)
-            label = _fit(s.name, w / span_ms)
-            if label:
-                ax.text(x + 0.005 * span_ms, y0 + (lane + 0.5) * h, label, ha="left", va="center",
-                        fontsize=BAR_FONT, color="black", clip_on=True)
-        top = y0 + band
-        lane_of = {}
-        for s, lane in zip(work, work_lanes, strict=True):
-            lane_of[id(s)] = lane
-            # facecolor, not color: `color` also sets the hatch colour, and a white wait would lose its hatching
-            kw: dict[str, Any] = {"facecolor": COLORS[s.kind], "edgecolor": "black", "linewidth": 0.4}
-            if s.kind == "wait":
-                kw["hatch"] = "///"
-            x, w = bar(s, top + lane + 0.08, 0.84, **kw)
-            # name the bar in its longest stretch not covered by a wait drawn over it
-            free = subtract([(x, x + w)], union((wt.start_ms - zero, wt.end_ms - zero) for wt in inner_waits
-                                                if s.start_ms <= wt.start_ms and wt.end_ms <= s.end_ms))
-            fx, fw = max(((a, b - a) for a, b in free), key=lambda p: p[1], default=(x, 0.0))
-            label = _fit(display_name(s.name), fw / span_ms)  # only names that fit inside their bar
-            if label:
-                ax.text(fx + fw / 2, top + lane + 0.5, label, ha="center", va="center", fontsize=BAR_FONT,
-                        color="black" if s.kind in ("wait", "host") else "white", clip_on=True)
-        for wt in inner_waits:  # waiting inside a span: hatched over the span it interrupts
-            host = next(s for s in work if s.start_ms <= wt.start_ms and wt.end_ms <= s.end_ms and s.kind != "wait")
-            bar(wt, top + lane_of[id(host)] + 0.08, 0.84, facecolor=COLORS["wait"], edgecolor="black",
-                linewidth=0.4, hatch="///")
-        last_label = -math.inf
-        for m in sorted((s for s in spans if s.kind == MARK and row_label(s, multi) == r), key=lambda s: s.start_ms):
-            ax.plot([m.start_ms - zero] * 2, [y0, y0 + row_h], linestyle="--", color="black", linewidth=0.8)
-            if m.start_ms - last_label > 0.08 * span_ms:  # name marks that are not crowded by the previous one
-                ax.text(m.start_ms - zero, y0, f" {m.name}", fontsize=BAR_FONT, va="bottom")
-                last_label = m.start_ms
-        yticks.append(top + n_work / 2)
-        y0 += row_h
-    ax.set_yticks(yticks)
-    ax.set_yticklabels([_short(r) for r in rows], fontsize=FONT)
-    ax.set_ylim(y0 + 0.15, -0.15)  # first row on top, as in Nsight
-    ax.set_xlim(-0.01 * span_ms, span_ms * 1.01)
-    ax.set_xlabel("time (ms) from the first recorded event", fontsize=FONT)
-    ax.tick_params(axis="x", labelsize=FONT)
-    if mode == "events":
-        ax.set_ylabel("stream progress (CUDA events)", fontsize=FONT)
-    ax.grid(axis="x", alpha=0.3)
-    kinds_seen = [k for k in KINDS if any(s.kind == k for s in spans)]
-    handles: list[Any] = [Patch(facecolor=COLORS[k], edgecolor="black", hatch="///" if k == "wait" else None,
-                                label=LABELS[k]) for k in kinds_seen]
-    if any(s.kind == RANGE for s in spans):
-        handles.append(Patch(facecolor=RANGE_COLOR, edgecolor="black", label="named range (not work)"))
-    if narrow:
-        handles.append(Line2D([], [], marker="v", color="black", linestyle="", label="widened to be visible"))
-    legend_rows = 0
-    if handles:  # above the plot, not beside it: the bars keep the figure's width
-        ncol = min(len(handles), 3)
-        legend_rows = math.ceil(len(handles) / ncol)
-        ax.legend(handles=handles, loc="lower left", bbox_to_anchor=(0.0, 1.01), ncol=ncol, fontsize=FONT - 1,
-                  frameon=False, borderaxespad=0.2, handlelength=1.6, columnspacing=1.5)
+    bars = _Bars(ax, lay.zero, min_width_frac * lay.span_ms)
+    yticks, bottom = _draw_rows(bars, lay)
+    _axes(ax, lay, yticks, bottom, mode)
+    legend_rows = _legend(ax, spans, bool(bars.narrow))
     if title:
         ax.set_title(title, fontsize=FONT + 1, pad=6 + legend_rows * (FONT + 4))
-    if text and own_figure:
-        # the axes keep the top of the figure; the text goes in the strip reserved under them
-        fig.tight_layout(rect=(0.0, text_h / (plot_h + text_h), 1.0, 1.0))
-        left = ax.get_position().x0
-        fig.text(min(left, 0.02), (text_h - 0.05) / (plot_h + text_h), text, va="top", ha="left",
-                 family="monospace", fontsize=FONT - 1)
-    elif text:  # drawing into the caller's axes: put the text under them
-        ax.annotate(text, xy=(0.0, 0.0), xycoords="axes fraction", xytext=(0, -48), textcoords="offset points",
-                    va="top", ha="left", family="monospace", fontsize=FONT - 1)
-        fig.tight_layout()
-    else:
-        fig.tight_layout()
+    _place_text(fig, ax, text, own_figure, plot_h, text_h)
     return fig

@@ -1,6 +1,6 @@
 """Timeline: record what ran when, in one of three modes, then summarise, plot, export or merge it.
 
-    tl = Timeline()                   # mode=None: "kernels" where CUDA is available, else "host"
+    tl = Timeline()                   # mode=None: the best mode here, fixed now (see Modes)
     with tl.capture():                # kernels mode: one torch.profiler run; a no-op in the other modes
         with tl.span("chain 0", stream=s):
             y = x @ x
@@ -16,9 +16,11 @@ Modes:
   streams' kernels. Cheap (two event records per span), so it suits live use; labelled so in the plot.
   A `wait` span recorded inside a span is drawn as waiting, not work.
 - "host": the host clock only (`time.perf_counter_ns`), for CPU work and machines without CUDA.
-`kind="host"` spans are host-clock spans in every mode. With mode=None on a CUDA machine, a span used
-outside any capture makes the timeline an events-mode one (so code written before kernels mode keeps
-working); a later capture() then refuses, saying so.
+`kind="host"` spans are host-clock spans in every mode. A timeline's mode is decided when it is made and
+never changes: mode=None means kernels where the profiler can see CUDA kernels (CUPTI), else events on
+a GPU, else host. So one cell's timeline means one thing from start to end, and code that its mode
+cannot serve (a GPU span outside `capture()` in kernels mode) raises at once, saying what to do.
+`with tl.capture():` around the work is right in every mode (a no-op outside kernels mode).
 
 How times line up. Every timeline has an origin on the host clock (`time.perf_counter_ns`, which is
 CLOCK_MONOTONIC on Linux and so shared by all processes of one host). Host spans are read from that
@@ -70,10 +72,11 @@ class _Open:
 class Timeline:
     """Record spans of work per stream (and per rank), then resolve, summarise, plot or export them.
 
-    mode: "kernels", "events", "host" or None (kernels where CUDA is available, else host); see the
-    module docstring. device: None picks the current CUDA device when CUDA is available; "cpu" means the
-    host clock (mode host, unless mode="kernels": the profiler's CPU ops, e.g. gloo collectives);
-    "cuda:N" or an int picks a GPU. rank: None takes the process group's rank when torch.distributed is
+    mode: "kernels", "events", "host" or None (the best one here: kernels where the profiler sees CUDA
+    kernels, else events on a GPU, else host), fixed from then on; see the module docstring.
+    device: None picks the current CUDA device when CUDA is available; "cpu" means the host clock (mode
+    host, unless mode="kernels": the profiler's CPU ops, e.g. gloo collectives); "cuda:N" or an int picks
+    a GPU. rank: None takes the process group's rank when torch.distributed is
     initialised, else 0. host_ops (kernels mode): also draw each thread's top-level CPU ops; default on
     only without CUDA.
     """
@@ -91,12 +94,11 @@ class Timeline:
             if cuda and not torch.cuda.is_available():
                 raise RuntimeError(f"Timeline(device={device!r}) asks for CUDA, but CUDA is not available here")
             self._device_index = dev.index if cuda and dev.index is not None else None
-        self._auto = mode is None and cuda
         if mode is None:
-            mode = "kernels" if cuda else "host"
+            mode = _best_mode(cuda)
         if mode == "events" and not cuda:
             mode = "host"  # no CUDA here: the same code records on the host clock
-        self.mode = mode
+        self._mode = mode
         self._cuda = cuda and mode != "host"
         if rank is None:
             rank = torch.distributed.get_rank() if _dist_ready() else 0
@@ -121,7 +123,6 @@ class Timeline:
         self._frozen = False
         self._kernels = None
         self._host_ops = host_ops
-        self._fell_back = False
         if self.mode == "kernels":
             self._make_recorder()
 
@@ -132,6 +133,11 @@ class Timeline:
                                        self._host_ops)
 
     # ---------------------------------------------------------------- recording
+    @property
+    def mode(self) -> str:
+        """"kernels", "events" or "host": decided when the timeline is made, never changed afterwards."""
+        return self._mode
+
     @property
     def uses_cuda(self) -> bool:
         """True when GPU work is timed on the GPU (kernels or events mode); False on the host clock."""
@@ -154,26 +160,17 @@ class Timeline:
         """`with tl.capture():` records what the block runs (kernels mode: one torch.profiler run, which
         synchronises the GPU when the block ends, never inside it). A no-op context in the other modes."""
         self._check_writable()
-        if self._fell_back:
-            raise RuntimeError("this Timeline() recorded spans outside `with tl.capture():`, so it records CUDA "
-                               "events (stream progress); make a new Timeline(mode='kernels') and put every span "
-                               "inside the capture block")
         if self.mode != "kernels":
             return contextlib.nullcontext(self)
         return self._capture()
 
     @contextlib.contextmanager
     def _capture(self) -> Iterator[Timeline]:
-        self._auto = False  # from now on a span outside a capture is a mistake, not a reason to switch modes
         self._kernels.enter()
         try:
             yield self
         finally:
             self._kernels.exit()
-
-    def _fall_back_to_events(self) -> None:
-        """mode=None and a GPU span outside any capture: record CUDA events from here on (see module doc)."""
-        self.mode, self._kernels, self._auto, self._fell_back = "events", None, False, True
 
     def _add(self, name: str, kind: str, label: str, start: Any, end: Any) -> int:
         self._names.append(name)
@@ -182,6 +179,11 @@ class Timeline:
         self._t0.append(start)
         self._t1.append(end)
         return len(self._names) - 1
+
+    def _add_open(self, name: str, kind: str, label: str, start: Any) -> int:
+        index = self._add(name, kind, label, start, None)
+        self._open[index] = name
+        return index
 
     def _event(self) -> torch.cuda.Event:
         return self._pool.pop() if self._pool else torch.cuda.Event(enable_timing=True)
@@ -228,39 +230,39 @@ class Timeline:
         self._check_writable()
         check_kind(kind)
         host_clock = kind == "host" or not self._cuda
-        if host_clock:
-            if stream is not None and not isinstance(stream, str):
-                if kind == "host":
-                    raise TypeError(f"a host span's stream is a row label (str), not {type(stream).__name__}")
-                raise TypeError(f"no CUDA here: stream must be None or a row label (str), got {type(stream).__name__}")
-        if self._auto and not host_clock and not self._kernels.capturing:
-            self._fall_back_to_events()
+        if host_clock and stream is not None and not isinstance(stream, str):
+            if kind == "host":
+                raise TypeError(f"a host span's stream is a row label (str), not {type(stream).__name__}")
+            raise TypeError(f"no CUDA here: stream must be None or a row label (str), got {type(stream).__name__}")
         if self.mode == "kernels" and kind != "host":
-            label, cuda_stream, ctx = None, None, None
-            if self._cuda:  # as in events mode: a CUDA stream or None (a str label is a mistake here too)
-                cuda_stream, ctx = self._stream_arg(name, kind, stream)
-            else:  # no CUDA: the range is drawn on this host row
-                label = stream
-            try:
-                rng = self._kernels.begin(name, label)
-            except BaseException:
-                if ctx is not None:
-                    ctx.__exit__(None, None, None)
-                raise
-            index = self._add(name, kind, label or "", None, None)
-            self._open[index] = name
-            return _Open(self, index, name, ctx, cuda_stream, rng)
+            return self._begin_range(name, kind, stream)
         if host_clock:
-            label = stream or "host"
-            index = self._add(name, kind, label, _host_ms(self.origin_ns), None)
-            self._open[index] = name
-            return _Open(self, index, name, None, None)
+            return _Open(self, self._add_open(name, kind, stream or "host", _host_ms(self.origin_ns)), name, None, None)
         stream, ctx = self._stream_arg(name, kind, stream)
         start = self._event()
         start.record(stream)
-        index = self._add(name, kind, self._label(stream), start, None)
-        self._open[index] = name
-        return _Open(self, index, name, ctx, stream)
+        return _Open(self, self._add_open(name, kind, self._label(stream), start), name, ctx, stream)
+
+    def _begin_range(self, name: str, kind: str, stream: Any) -> _Open:
+        """Kernels mode: a named range (record_function), drawn over the work it launched once the trace is read."""
+        if not self._kernels.capturing:
+            other = "Timeline(mode='events') to time spans with CUDA events" if self._cuda else \
+                "Timeline(mode='host') to time spans on the host clock"
+            raise RuntimeError(f"span {name!r} is outside `with tl.capture():`, and this Timeline records kernels "
+                               "(mode='kernels'), which only a capture sees: put the work inside `with "
+                               f"tl.capture():`, or make a {other}, which needs no capture")
+        label, cuda_stream, ctx = None, None, None
+        if self._cuda:  # as in events mode: a CUDA stream or None (a str label is a mistake here too)
+            cuda_stream, ctx = self._stream_arg(name, kind, stream)
+        else:  # no CUDA: the range is drawn on this host row
+            label = stream
+        try:
+            rng = self._kernels.begin(name, label)
+        except BaseException:
+            if ctx is not None:
+                ctx.__exit__(None, None, None)
+            raise
+        return _Open(self, self._add_open(name, kind, label or "", None), name, ctx, cuda_stream, rng)
 
     def end(self, handle: _Open) -> None:
         """Close a span opened by `begin` (or the `with` form)."""
@@ -298,8 +300,6 @@ class Timeline:
     def mark(self, name: str, stream: Any = None) -> None:
         """An instant: in events mode when `stream` (default: current) reaches this point; else host time."""
         self._check_writable()
-        if self._auto and not self._kernels.capturing and not isinstance(stream, str):
-            self._fall_back_to_events()
         if self.mode != "events" or isinstance(stream, str):
             t = _host_ms(self.origin_ns)
             self._add(name, MARK, stream if isinstance(stream, str) else "host", t, t)
@@ -441,7 +441,7 @@ class Timeline:
         for s in tl._resolved:
             check_kind(s.kind, allow_extra=True)
         tl._frozen = True
-        tl.mode = mode if mode is not None else "host"
+        tl._mode = mode if mode is not None else "host"  # how the stored spans were recorded
         return tl
 
     def stats(self) -> TimelineStats:
@@ -469,6 +469,16 @@ class Timeline:
             where += f" on cuda:{self._device_index}"
         n = len(self._resolved) + len(self._names) + (len(self._kernels.spans) if self._kernels else 0)
         return f"Timeline(rank={self.rank}, mode={self.mode!r}: {where}, {n} spans/marks)"
+
+
+def _best_mode(cuda: bool) -> str:
+    """Kernels where the profiler can see CUDA kernels (a GPU and a torch built with CUPTI), else events on
+    a GPU, else host. Asking the profiler counts devices; it does not initialise CUDA."""
+    if not cuda:
+        return "host"
+    from torch.profiler import ProfilerActivity, supported_activities
+
+    return "kernels" if ProfilerActivity.CUDA in supported_activities() else "events"
 
 
 def _dist_ready() -> bool:
