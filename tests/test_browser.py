@@ -9,7 +9,10 @@ REST API, and nothing is left listening or running afterwards.
 One JupyterLab server and one browser serve the whole module (one file: one xdist group under conftest's
 scheduler, so it runs beside the rest of `make test`). The workspace is a temporary one, made as a
 student who solved every exercise would have it (the release tool's student versions with the answers
-kept), so Run All goes through every cell; lessons run in their CPU configuration.
+kept), so Run All goes through every cell; lessons run in their CPU configuration. Beside each lesson stands
+its untouched student version (<stem>__unsolved.ipynb): Run All must go through every cell of it too, each check
+cell saying that its exercise is not attempted yet (or that it needs a GPU), as the lab's kernels run with
+COURSE_LAB=1.
 
 Needs playwright (`pip install -e .[dev]`) and Debian's chromium (`apt-get install chromium`; `make test`'s
 set-up installs it when run as root). Where chromium is missing the tests are skipped, saying so, except under
@@ -98,14 +101,20 @@ def _listening(port: int) -> bool:
         return False
 
 
+UNSOLVED = "__unsolved"
+
+
 def solved_workspace(folder: Path, lessons: list[str]) -> Path:
-    """A workspace as a student who solved every exercise has it: the student versions, answers kept."""
+    """A workspace as a student who solved every exercise has it (the student versions, answers kept), with the
+    untouched student version of each lesson that has exercises beside it (<stem>__unsolved.ipynb)."""
     nbs = folder / "notebooks"
     nbs.mkdir(parents=True)
     for name in lessons:
         master = nbformat.read(MASTERS / name, as_version=4)
         done = {ex.grade_id for ex in exercises(master, name)}
         (nbs / name).write_text(dumps(student_version(master, name, completed=done)))
+        if done:
+            (nbs / name.replace(".ipynb", f"{UNSOLVED}.ipynb")).write_text(dumps(student_version(master, name)))
     return folder
 
 
@@ -335,9 +344,9 @@ def check_notebook(page, lab: Lab, name: str) -> tuple[list[dict], list[str]]:
         found = problems(cells)
         if not any(c["code"] for c in cells):
             found.append("no code cells seen")
-        if name.startswith("07_"):
+        if name.startswith("07_") and UNSOLVED not in name:
             found += ring_stepper_problems(page)
-        if name.startswith("08_"):
+        if name.startswith("08_") and UNSOLVED not in name:
             found += bucket_explorer_problems(page)
         found += [f"a dialog: {text.strip()[:300]}" for text in page.locator(".jp-Dialog").all_text_contents()
                   if "died" in text or "Restarting" in text or "rror" in text]
@@ -365,6 +374,39 @@ def test_every_lesson_runs_in_the_browser(lab, page):
     (ARTIFACTS / "images.json").write_text(json.dumps(images))
     (ARTIFACTS / "stderr.json").write_text(json.dumps(stderr, indent=1))  # what shows in red, for review
     assert not failures, "\n\n".join(f"{name}:\n" + "\n".join(found) for name, found in failures.items())
+
+
+def test_run_all_goes_past_every_unsolved_exercise_in_the_browser(lab, page):
+    """An untouched student version runs top to bottom in the lab: no traceback, no cell left unexecuted, and
+    each exercise's check cell says "not attempted yet" (or, for a GPU-only exercise here, that it needs a GPU)."""
+    from course_utils import checks
+
+    gpu = _cuda_here()
+    failures = {}
+    for name in lab.lessons:
+        unsolved = name.replace(".ipynb", f"{UNSOLVED}.ipynb")
+        master = nbformat.read(MASTERS / name, as_version=4)
+        expected = {ex.grade_id: checks.exercise(ex.grade_id) for ex in exercises(master, name)}
+        if not expected:
+            continue
+        cells, found = check_notebook(page, lab, unsolved)
+        said = " ".join(o["text"] for c in cells for o in c["outputs"])
+        for gid, ex in expected.items():
+            marker = checks.SKIP_MARKER if ex.needs_gpu and not ex.cpu_part and not gpu else \
+                f"{checks.NOT_ATTEMPTED_MARKER} {gid}"
+            if marker not in said:
+                found.append(f"{gid}: its check cell did not say {marker!r}")
+        if found:
+            failures[unsolved] = found
+        lab.started.extend(lab.descendants())
+        shut_down_kernels(lab)
+    assert not failures, "\n\n".join(f"{name}:\n" + "\n".join(found) for name, found in failures.items())
+
+
+def _cuda_here() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def ring_stepper_problems(page) -> list[str]:
