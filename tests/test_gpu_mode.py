@@ -260,9 +260,12 @@ def test_the_gpu_test_parts_hold_every_test_once(tmp_path):
     parts = [re.search(r' tests -m "([^"]+)"$', line).group(1) for line in dry if "pytest" in line]
     (tmp_path / "print_marks.py").write_text(PRINT_MARKS)
     out = tmp_path / "marks.tsv"
-    subprocess.run([sys.executable, "-m", "pytest", "-q", "--collect-only", "-p", "print_marks", "-p",
-                    "no:cacheprovider", "tests"], cwd=ROOT, check=True, capture_output=True, timeout=300,
-                   env={**nested_env(), "PYTHONPATH": f"{tmp_path}:{ROOT}", "MARKS_OUT": str(out)})
+    env = nested_env()
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(tmp_path), str(ROOT), env.get("PYTHONPATH")) if p)
+    res = subprocess.run([sys.executable, "-m", "pytest", "-q", "--collect-only", "-p", "print_marks", "-p",
+                          "no:cacheprovider", "tests"], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                         env={**env, "MARKS_OUT": str(out)})
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
     items = [line.split("\t") for line in out.read_text().splitlines()]
     assert len(items) > 500 and len(parts) == 5
     for nodeid, marks in items:

@@ -108,6 +108,7 @@ def test_tables_show_naive_tree_ring_whatever_the_recordings_order_and_say_whose
     notebook_function(notebook, "show_ring_vs_library", ns)(data, "recorded", "the course's")
     out = capsys.readouterr().out
     assert "ring (the course's): alpha" in out and "yours" not in out
+    assert "closest at 1 MiB (0.50), furthest behind at 1 KiB (0.33)" in out, out
     plt.close("all")
 
 

