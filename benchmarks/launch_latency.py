@@ -6,7 +6,7 @@
 1. Cold launch: a trivial job (init the process group, all_reduce a small tensor, return) on 2 fresh ranks,
    from Python with torch already imported (as in a notebook), against `torchrun --standalone` running the
    same job as a script. The two alternate, so both see the same machine load. Target: ratio <= 0.6.
-   With gloo, also the same launch with every rank a fresh interpreter (COURSE_LAUNCH_FORK_SERVER=0) against
+   With gloo, also the same launch with every rank a fresh interpreter (as GPU ranks start) against
    the default, where one fork server imports torch once and forks the ranks: wall time and the CPU seconds
    the ranks used, at 2 and at 4 ranks.
 2. Warm Pool round trip: Pool(4).run(fn) where fn all_reduces a small tensor and returns it. Target: median
@@ -143,21 +143,20 @@ def main() -> None:
 def fork_server_vs_fresh(nproc: int, repeats: int) -> None:
     """launch.run of the trivial job: ranks forked by one fork server (the default for CPU ranks) against
     every rank a fresh interpreter; alternating; wall time and the CPU time of the processes it started."""
+    from course_utils.launch import group
+
     times: dict[str, list[tuple[float, float]]] = {"1": [], "0": []}
-    before = os.environ.get("COURSE_LAUNCH_FORK_SERVER")
+    forked = group.use_fork_server
     try:
         for _ in range(repeats):
             for mode, runs in times.items():
-                os.environ["COURSE_LAUNCH_FORK_SERVER"] = mode
+                group.use_fork_server = forked if mode == "1" else (lambda gpus: False)  # fresh: as GPU ranks start
                 cpu = resource.getrusage(resource.RUSAGE_CHILDREN)  # reaped descendants, forked ranks included
                 wall = time_once(lambda: launch.run(trivial_job, nproc=nproc, backend="gloo"))
                 after = resource.getrusage(resource.RUSAGE_CHILDREN)
                 runs.append((wall, after.ru_utime + after.ru_stime - cpu.ru_utime - cpu.ru_stime))
     finally:
-        if before is None:
-            os.environ.pop("COURSE_LAUNCH_FORK_SERVER", None)
-        else:
-            os.environ["COURSE_LAUNCH_FORK_SERVER"] = before
+        group.use_fork_server = forked
     print(f"\ncold launch, {nproc} gloo ranks: forked by one fork server vs each a fresh interpreter "
           f"({repeats} each, alternating):")
     medians = {}

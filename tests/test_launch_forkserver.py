@@ -9,7 +9,7 @@ import os
 import pytest
 
 from course_utils import launch
-from course_utils.launch import LaunchError, WorkerError
+from course_utils.launch import LaunchError, WorkerError, group
 from tests.launch_helpers import (  # noqa: F401  (fixtures)
     assert_clean,
     cell_function,
@@ -45,9 +45,9 @@ WHO = cell_function("""
 @pytest.mark.timeout(120)
 def test_forked_ranks_look_like_fresh_interpreters(monkeypatch):
     before = snapshot()
-    monkeypatch.setenv("COURSE_LAUNCH_FORK_SERVER", "0")
+    monkeypatch.setattr(group, "use_fork_server", lambda gpus: False)  # as GPU ranks start
     fresh = launch.run(WHO, nproc=3, backend="gloo")
-    monkeypatch.setenv("COURSE_LAUNCH_FORK_SERVER", "1")
+    monkeypatch.undo()
     forked = launch.run(WHO, nproc=3, backend="gloo")
     assert {r["ppid"] for r in fresh.values()} == {os.getpid()}
     parents = {r["ppid"] for r in forked.values()}
@@ -99,12 +99,10 @@ def test_a_fork_server_that_cannot_start_says_why(tmp_path, monkeypatch):
     assert_clean(before)
 
 
-def test_only_cpu_ranks_are_forked(monkeypatch):
+def test_only_cpu_ranks_are_forked():
     from course_utils.launch.env import use_fork_server
 
     assert use_fork_server(gpus=False) and not use_fork_server(gpus=True)
-    monkeypatch.setenv("COURSE_LAUNCH_FORK_SERVER", "0")
-    assert not use_fork_server(gpus=False)
 
 
 @pytest.mark.timeout(60)

@@ -77,13 +77,14 @@ def wrong(stem: str) -> str:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("fork_server", ["1", "0"])
+@pytest.mark.parametrize("fork_server", [True, False])
 def test_what_counts_workers_left_sees_live_ranks(fork_server, monkeypatch):
     # the notebook's workers_left() and these tests' own_workers() must see ranks however they were started
     # (forked CPU ranks are the kernel's grandchildren), or every "nothing left running" above proves nothing
     from course_utils import launch
+    from course_utils.launch import group
 
-    monkeypatch.setenv("COURSE_LAUNCH_FORK_SERVER", fork_server)
+    monkeypatch.setattr(group, "use_fork_server", lambda gpus: fork_server)  # fresh: as GPU ranks start
     workers_left = notebook_functions()["workers_left"]
     with launch.Pool(2, backend="gloo") as pool:
         assert set(pool.pids) <= set(own_workers()) and set(pool.pids) <= set(workers_left())
