@@ -113,3 +113,93 @@ def test_the_lab_installs_no_browser():
     assert "tests/install_browser.sh" in test_recipe
     lab_recipe = makefile.split("\nlab: ", 1)[1].split("\n\n", 1)[0]
     assert "install_browser" not in lab_recipe
+
+
+# ---- the house's rules (docs/lessons.md): functions that fit on a screen, no import circles
+
+MAX_FUNCTION_LINES = 80
+
+
+def long_functions(folder: Path) -> list[str]:
+    """'path:line name (N lines)' for each function under `folder` longer than MAX_FUNCTION_LINES."""
+    import ast
+
+    found = []
+    for path in sorted(folder.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    found.append(f"{path.relative_to(folder.parent)}:{node.lineno} {node.name} ({length} lines)")
+    return found
+
+
+def import_graph(package: Path) -> dict[str, set[str]]:
+    """Which of the package's modules each module imports (at any level: a function's lazy import counts too)."""
+    import ast
+
+    modules = {}
+    for path in package.rglob("*.py"):
+        parts = list(path.relative_to(package.parent).with_suffix("").parts)
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for name, path in modules.items():
+        here = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = ".".join(here[: len(here) - node.level + 1] + [node.module or ""]).strip(".") \
+                    if node.level else node.module or ""
+                targets = [base] + [f"{base}.{a.name}" for a in node.names]
+            else:
+                continue
+            for target in targets:
+                while target and target not in modules:
+                    target = target.rpartition(".")[0]
+                if target and target != name:
+                    graph[name].add(target)
+    return graph
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The sets of modules that import one another, directly or round a circle (strongly connected, size > 1)."""
+    circles, seen = [], set()
+    reach = {m: _reachable(graph, m) for m in graph}
+    for m in sorted(graph):
+        group = sorted(n for n in reach[m] if m in reach[n]) if m in reach[m] else []
+        if group and m not in seen:
+            seen.update(group)
+            circles.append(group)
+    return circles
+
+
+def _reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    found, todo = set(), list(graph[start])
+    while todo:
+        m = todo.pop()
+        if m not in found:
+            found.add(m)
+            todo.extend(graph[m])
+    return found
+
+
+def test_no_function_is_longer_than_a_screen_outside_the_tests():
+    long = [f for folder in ("course_utils", "launch", "benchmarks") for f in long_functions(ROOT / folder)]
+    assert not long, f"split these into functions of at most {MAX_FUNCTION_LINES} lines: {long}"
+
+
+def test_the_package_has_no_import_circle():
+    assert not import_circles(import_graph(ROOT / "course_utils"))
+
+
+def test_the_house_rules_catch_what_they_are_for(tmp_path):
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from .sub import b\n")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "sub" / "b.py").write_text("def f():\n    from ..a import g  # a lazy import closes the circle\n")
+    (pkg / "c.py").write_text("def long():\n" + "    x = 1\n" * MAX_FUNCTION_LINES)
+    assert import_circles(import_graph(pkg)) == [["pkg.a", "pkg.sub.b"]]
+    assert long_functions(pkg) == [f"pkg/c.py:1 long ({MAX_FUNCTION_LINES + 1} lines)"]
