@@ -120,10 +120,10 @@ KERNEL_STARTS = 3
 
 def retrying_kernel_start(run, name: str):
     """`run` (which starts a Jupyter kernel and runs a notebook), called again up to KERNEL_STARTS times in all while
-    its kernel dies before running a cell, each new start warned about. It happened once in a CI run (04_async_memcpy
-    under nbmake) and in nbmake's own parallel runs (treebeardtech/nbmake#129: the port jupyter_client picked was
-    taken before the kernel bound it). Nothing of the notebook has run then, so starting again is safe; a kernel
-    that dies in a cell is a failure as before. Used for nbmake's items and by exercise_cells.run_cells."""
+    its kernel dies before running a cell, each new start warned about: under parallel runs the port that
+    jupyter_client picked can be taken before the kernel binds it (treebeardtech/nbmake#129). Nothing of the
+    notebook has run then, so starting again is safe; a kernel that dies in a cell is a failure as before. Used for
+    nbmake's items and by exercise_cells.run_cells."""
     import warnings
 
     def again():
@@ -249,7 +249,7 @@ def _only_waiting_for_the_controller(me) -> bool:
 def pytest_unconfigure(config):
     """An xdist worker that has not exited WORKER_EXIT_GRACE_S after its session ended (something it started
     keeps it alive: a thread, a child) prints its threads' stacks and its child processes, then ends, so the
-    run reports instead of hanging at "teardown_nodes" until an outer timeout (seen once on 2xH200)."""
+    run reports instead of hanging at "teardown_nodes" until an outer timeout."""
     if not hasattr(config, "workerinput"):
         return
     import threading

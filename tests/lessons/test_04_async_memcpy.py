@@ -480,7 +480,7 @@ def test_notebook_claims_on_streams_engines_and_pinning():
 
 def test_stacked_runs_are_plotted_without_stats():
     """Runs stacked on one axis (each from 0 ms) never ran together: stats over them would report overlap that
-    never happened (the H100 run showed "compute on 2+ streams at once: 100%")."""
+    never happened ("compute on 2+ streams at once: 100%" for runs that were one after another)."""
     cells = ["".join(c["source"]) for c in notebook()["cells"] if c["cell_type"] == "code"]
     plots = [src[m.start():m.start() + 300] for src in cells for m in re.finditer(r"stack\(\{", src)]
     assert len(plots) == 2

@@ -535,7 +535,7 @@ def test_the_notebook_on_gpus_shows_the_facts(tmp_path):
 @pytest.mark.slow
 @pytest.mark.skipif(N_GPUS < 2, reason="needs two GPUs or more")
 def test_benchmark_ring_vs_nccl_runs_and_reports_its_goals():
-    """benchmarks/ring_vs_nccl.py --goals on two GPUs: every sum exact, and a verdict on the goals (issue 11, on
+    """benchmarks/ring_vs_nccl.py --goals on two GPUs: every sum exact, and a verdict on the goals (the course's, on
     H200s: busbw ratio >= 0.90 at 256 MiB and >= 0.95 at 1 GiB). A performance goal is shown by the benchmark's
     printed ratios, measured in one run, not by a timed test: whether it was met is the line printed here."""
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "ring_vs_nccl.py"), "--nproc", "2", "--goals"],

@@ -207,7 +207,7 @@ def starts_during_backward(result: dict) -> bool:
 def test_which_versions_start_communication_during_backward(versions_on_gloo, gloo_pair, key, during):
     seen = [starts_during_backward(versions_on_gloo[key])]
     # A timing on a busy 2-core machine: a hook queues its all-reduce during backward, but gloo's thread may get
-    # the CPU only after backward has ended (seen once in CI for buckets). So the best of three runs; the
+    # the CPU only after backward has ended. So the best of three runs; the
     # versions that all-reduce after backward cannot start early however the threads are scheduled.
     while during and not any(seen) and len(seen) < 3:
         seen.append(starts_during_backward(run_version(gloo_pair, key)))
