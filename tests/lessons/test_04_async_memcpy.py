@@ -354,6 +354,50 @@ def test_notebook_functions_can_be_read_without_a_gpu():
     assert [(s["stream"], s["start_ms"]) for s in stacked] == [("a: s", 0.0), ("b: t", 0.0)]
 
 
+def test_the_copy_model_is_fitted_from_the_whole_sweep_not_one_point():
+    ns = notebook_functions("fit_copy_model")
+    t0_us, rate = 9.0, 50.0  # GB/s
+    sizes = [1 << k for k in range(10, 29, 2)]
+    results = [{"op": "h2d pinned", "size_bytes": n, "time_ms": (t0_us + n / rate / 1e3) / 1e3,
+                "algbw_gbps": 0.0} for n in sizes]
+    issue = [{"op": "h2d pinned", "size_bytes": n, "issue_us": 4.0} for n in sizes]
+    fit = ns["fit_copy_model"]({"results": results, "issue": issue})
+    assert fit["t0_us"] == pytest.approx(t0_us, rel=1e-6) and fit["rate_gbps"] == pytest.approx(rate, rel=1e-6)
+    assert fit["issue_us"] == 4.0
+
+
+@pytest.mark.parametrize("second_start, way", [(10.0, "one after the other"), (0.5, "at once")])
+def test_two_copies_are_told_apart_as_queued_or_sharing(second_start, way):
+    ns = notebook_functions("how_they_ran")
+    copies = [_span("h2d", "stream 1", 0.0, 10.0), _span("h2d", "stream 2", second_start, second_start + 10.0)]
+    assert ns["how_they_ran"](copies)[0] == way
+
+
+def check_copy_facts(data: dict) -> list[str]:
+    """What the prose says of the sweep and of two copies, on one run's data (live or recorded)."""
+    ns = notebook_functions("fit_copy_model", "how_they_ran")
+    sweep, ca = data["sweep"], data["copies_at_once"]
+    fit = ns["fit_copy_model"](sweep)
+    link = sweep["link"]["gbps"]
+    assert 0 < fit["t0_us"] < 50, fit  # microseconds of GPU time per copy
+    assert 0.75 * link < fit["rate_gbps"] < link, (fit, link)  # pinned copies: near the line, under it
+    alone = next(s["end_ms"] - s["start_ms"] for s in ca["one h2d"] if s["kind"] == "h2d")
+    two = [s for s in ca["two h2d"] if s["kind"] == "h2d"]
+    together = max(s["end_ms"] for s in two) - min(s["start_ms"] for s in two)
+    assert together > 1.7 * alone  # two copies one way: no more bytes per second than one alone
+    pageable = data["read_too_early"]
+    assert 0.8 <= pageable["pageable"]["call_ms"] / pageable["busy_ms"] <= 1.5  # it waited for the stream
+    return [f"t0 {fit['t0_us']:.1f} µs, rate {fit['rate_gbps']:.1f} of {link:.1f} GB/s, issue {fit['issue_us']:.1f}"
+            f" µs; two h2d {ns['how_they_ran'](two)[0]}"]
+
+
+def test_the_recording_shows_the_copy_facts():
+    rec = reference.load("04_async_memcpy")
+    if "issue" not in rec.data["sweep"]:
+        pytest.skip("the recording predates the per-copy sweep: python benchmarks/record_references.py 04")
+    print(check_copy_facts(rec.data))
+
+
 # ---------------------------------------------------------------------------------------------- GPU
 
 
@@ -419,7 +463,7 @@ def test_late_copy_batches_delay_the_copy_on_its_own_stream():
 def test_notebook_claims_on_copies_and_waiting():
     """What the notebook's prose says about blocking, stale reads, sources in flight and one wait."""
     ns = notebook_functions("blocking_copy_wait", "read_too_early", "change_source_in_flight", "many_copies",
-                            "nonblocking_host_time")
+                            "nonblocking_host_time", "copy_sweep")
     bw = ns["blocking_copy_wait"](busy_ms=50.0)
     print(bw)
     h = bw["host_ms"]
@@ -442,6 +486,9 @@ def test_notebook_claims_on_copies_and_waiting():
     nb = ns["nonblocking_host_time"](64 * MiB)
     print(nb)
     assert nb["pinned"]["returned_ms"] < 0.5 * nb["pageable"]["returned_ms"]
+    sweep = ns["copy_sweep"]([1 << 10, 1 << 16, 1 << 22, 1 << 26])
+    ca = notebook_functions("copies_at_once")["copies_at_once"](64 * MiB)
+    print(check_copy_facts({"sweep": sweep, "copies_at_once": ca, "read_too_early": st}))
 
 
 @pytest.mark.gpu
