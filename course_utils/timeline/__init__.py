@@ -11,6 +11,7 @@ Modules, one idea each (arrows point one way; `spans` is the leaf):
     spans.py    Span, kinds, interval arithmetic (union, overlap, lanes)
     record.py   Timeline: the three modes, export/merge/gather, stored spans;  ranks.py  merging clocks
     kernels.py  kernel-accurate recording through torch.profiler (one profiler run shared by captures)
+    events.py   events-mode recording: pooled CUDA events, stream labels, the anchor on the host clock
     stats.py    numbers (busy/idle, HTA's communication/computation overlap, ...)
     plot.py     Nsight-style drawing;  trace.py  Chrome trace out (Perfetto), profiler traces in
     profiler_trace.py  reading a torch.profiler trace: index it once, one function per rule

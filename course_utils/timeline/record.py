@@ -14,7 +14,7 @@ Modes:
 - "events": a span is two CUDA events recorded on its stream: it shows when the *stream* reached its
   start and its end (stream progress), which includes time the stream waited for the GPU to run other
   streams' kernels. Cheap (two event records per span), so it suits live use; labelled so in the plot.
-  A `wait` span recorded inside a span is drawn as waiting, not work.
+  A `wait` span recorded inside a span is drawn as waiting, not work. See `events.py`.
 - "host": the host clock only (`time.perf_counter_ns`), for CPU work and machines without CUDA.
 `kind="host"` spans are host-clock spans in every mode. A timeline's mode is decided when it is made and
 never changes: mode=None means kernels where the profiler can see CUDA kernels (CUPTI), else events on
@@ -25,10 +25,9 @@ cannot serve (a GPU span outside `capture()` in kernels mode) raises at once, sa
 How times line up. Every timeline has an origin on the host clock (`time.perf_counter_ns`, which is
 CLOCK_MONOTONIC on Linux and so shared by all processes of one host). Host spans are read from that
 clock directly; kernels-mode times are mapped onto it (kernels.py); events-mode CUDA spans are placed by
-an *anchor*: `spans()` waits for the device once, records one event on the idle device and notes the
-host time around its completion; each event's time is the anchor's host time minus
-`event.elapsed_time(anchor)` (uncertainty: `anchor_uncertainty_ms`). Several ranks: `tl.gather()` inside
-workers, or `Timeline.merge([tl.export(), ...])` (ranks.py says how clocks are lined up).
+an *anchor*, one event timed on the idle device when `spans()` waits for it (events.py; uncertainty:
+`anchor_uncertainty_ms`). Several ranks: `tl.gather()` inside workers, or
+`Timeline.merge([tl.export(), ...])` (ranks.py says how clocks are lined up).
 """
 
 from __future__ import annotations
@@ -41,6 +40,7 @@ from typing import Any
 
 import torch
 
+from .events import EventRecorder
 from .spans import MARK, Span, check_kind
 from .stats import TimelineStats
 
@@ -117,14 +117,15 @@ class Timeline:
         self._t1: list[Any] = []
         self._resolved: list[Span] = []
         self._open: dict[int, str] = {}  # pending index -> name, for spans not yet closed
-        self._pool: list[torch.cuda.Event] = []
-        self._stream_labels: dict[int, str] = {}
         self._barrier_ms: tuple[float, float] | None = None
         self._frozen = False
         self._kernels = None
+        self._events: EventRecorder | None = None
         self._host_ops = host_ops
         if self.mode == "kernels":
             self._make_recorder()
+        elif self.mode == "events":
+            self._events = EventRecorder(self.origin_ns, self._device)
 
     def _make_recorder(self) -> None:
         from .kernels import KernelRecorder
@@ -185,24 +186,14 @@ class Timeline:
         self._open[index] = name
         return index
 
-    def _event(self) -> torch.cuda.Event:
-        return self._pool.pop() if self._pool else torch.cuda.Event(enable_timing=True)
-
     def name_stream(self, stream: Any, label: str) -> None:
         """Label a CUDA stream's row (default labels: 'default stream', then 'stream <n>')."""
         if not (self._cuda and isinstance(stream, torch.cuda.Stream)):
             return
         if self._kernels is not None:
             self._kernels.name_stream(stream, label)
-        self._stream_labels[stream.cuda_stream] = label
-
-    def _label(self, stream: Any) -> str:
-        key = stream.cuda_stream
-        if key not in self._stream_labels:
-            default = torch.cuda.default_stream(stream.device).cuda_stream
-            n = sum(1 for k in self._stream_labels if k != default)
-            self._stream_labels[key] = "default stream" if key == default else f"stream {n + 1}"
-        return self._stream_labels[key]
+        if self._events is not None:
+            self._events.name_stream(stream, label)
 
     def _stream_arg(self, name: str, kind: str, stream: Any) -> tuple[Any, Any]:
         """(stream to record on or None, context that makes it current or None), checking the argument."""
@@ -238,10 +229,9 @@ class Timeline:
             return self._begin_range(name, kind, stream)
         if host_clock:
             return _Open(self, self._add_open(name, kind, stream or "host", _host_ms(self.origin_ns)), name, None, None)
-        stream, ctx = self._stream_arg(name, kind, stream)
-        start = self._event()
-        start.record(stream)
-        return _Open(self, self._add_open(name, kind, self._label(stream), start), name, ctx, stream)
+        stream, ctx = self._stream_arg(name, kind, stream)  # events mode: two CUDA events on the stream
+        start = self._events.record(stream)
+        return _Open(self, self._add_open(name, kind, self._events.label(stream), start), name, ctx, stream)
 
     def _begin_range(self, name: str, kind: str, stream: Any) -> _Open:
         """Kernels mode: a named range (record_function), drawn over the work it launched once the trace is read."""
@@ -278,9 +268,7 @@ class Timeline:
         elif handle.cuda_stream is None:
             self._t1[handle.index] = _host_ms(self.origin_ns)
         else:
-            ev = self._event()
-            ev.record(handle.cuda_stream)
-            self._t1[handle.index] = ev
+            self._t1[handle.index] = self._events.record(handle.cuda_stream)
             if handle.stream_ctx is not None:
                 handle.stream_ctx.__exit__(None, None, None)
         handle.closed = True
@@ -305,9 +293,8 @@ class Timeline:
             self._add(name, MARK, stream if isinstance(stream, str) else "host", t, t)
             return
         stream = stream if stream is not None else torch.cuda.current_stream(self._device())
-        ev = self._event()
-        ev.record(stream)
-        self._add(name, MARK, self._label(stream), ev, ev)
+        ev = self._events.record(stream)
+        self._add(name, MARK, self._events.label(stream), ev, ev)
 
     # ---------------------------------------------------------------- resolving
     def spans(self) -> list[Span]:
@@ -329,33 +316,21 @@ class Timeline:
         return out
 
     def _resolve(self) -> None:
-        cuda_events = any(isinstance(t, torch.cuda.Event) for t in self._t0)
-        if cuda_events:
-            dev = self._device()
-            torch.cuda.synchronize(dev)  # the one wait: everything recorded so far has run
-            anchor = self._event()
-            stream = torch.cuda.current_stream(dev)
-            before = _host_ms(self.origin_ns)
-            anchor.record(stream)
-            anchor.synchronize()  # the device is idle, so the anchor completes right after it is recorded
-            after = _host_ms(self.origin_ns)
-            anchor_ms = (before + after) / 2
-            self.anchor_uncertainty_ms = max(self.anchor_uncertainty_ms, (after - before) / 2)
+        anchor = None
+        if any(isinstance(t, torch.cuda.Event) for t in self._t0):  # events mode: wait for the device once
+            anchor = self._events.anchor()
+            self.anchor_uncertainty_ms = max(self.anchor_uncertainty_ms, anchor.uncertainty_ms)
         for name, kind, label, start, end in zip(self._names, self._kinds, self._labels, self._t0, self._t1,
                                                  strict=True):
             if end == "range":
                 continue  # kernels mode: the range comes from the profiler's trace
             if isinstance(start, torch.cuda.Event):
-                t0 = anchor_ms - start.elapsed_time(anchor)
-                t1 = t0 if end is start else anchor_ms - end.elapsed_time(anchor)
-                self._pool.append(start)
-                if end is not start:
-                    self._pool.append(end)
+                t0, t1 = self._events.place(start, end, anchor)
             else:
                 t0, t1 = start, end
             self._resolved.append(Span(name, kind, self.rank, label, t0, t1))
-        if cuda_events:
-            self._pool.append(anchor)
+        if anchor is not None:
+            self._events.release(anchor)
         for pending in (self._names, self._kinds, self._labels):
             pending.clear()
         self._t0.clear()
