@@ -349,11 +349,11 @@ def test_gpu_sync_points_wait_and_are_counted(notebook):
     data = ns["stalls"]
     rows = {r["call"]: r for r in data["rows"]}
     for call in ("t[0].item()", "float(t[0])", "print(t)", "t.cpu()", "t.tolist()", "if t.sum() > 0:",
-                 "torch.nonzero(t)", "torch.cuda.synchronize()"):
+                 "torch.nonzero(t)", "torch.cuda.synchronize()", 'x_cpu.to("cuda")'):
         assert rows[call]["host_ms"] > 0.5 * data["busy_ms"], rows[call]
     for call in ("t.shape", "t * 2", "t.sum()"):
         assert rows[call]["host_ms"] < 2.0 and rows[call]["syncs"] == 0, rows[call]
-    for call in ("t[0].item()", "print(t)", "t.cpu()", "t.tolist()", "torch.nonzero(t)"):
+    for call in ("t[0].item()", "print(t)", "t.cpu()", "t.tolist()", "torch.nonzero(t)", 'x_cpu.to("cuda")'):
         assert rows[call]["syncs"] == 1, rows[call]
     assert rows["print(t)"]["debug_syncs"] > 1
     assert rows["torch.cuda.synchronize()"]["syncs"] == 0 and rows["torch.cuda.synchronize()"]["debug_syncs"] == 0
