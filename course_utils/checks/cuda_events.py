@@ -381,7 +381,8 @@ def judge_pipeline(inputs: dict, data: dict) -> str:
         mine = [(spec, r) for spec, r in pairs if spec["kind"] == kind]
         wrong = sum(_wrong_chunks(inputs, r, spec["seeds"]) for spec, r in mine)
         what, hint = _RESULT_RULES[kind]
-        expect(wrong == 0, EX_PIPELINE, what.format(delay=delay) + case, f"{wrong} of {n * len(mine)} chunks wrong", hint)
+        expect(wrong == 0, EX_PIPELINE, what.format(delay=delay) + case, f"{wrong} of {n * len(mine)} chunks wrong",
+               hint)
     late = [r for spec, r in pairs if spec["kind"] != "timed"]
     worst = max(float(r["host_ms"]) for r in late)
     expect(worst <= HOST_SHARE_MAX * delay, EX_PIPELINE,
@@ -403,7 +404,8 @@ def judge_pipeline(inputs: dict, data: dict) -> str:
         span = max(k[1] for k in stages) - min(k[0] for k in stages)
         best = max(best, sum(k[1] - k[0] for k in stages) / span if span > 0 else 0.0)
     expect(best >= MIN_CONCURRENCY, EX_PIPELINE,
-           f"the two streams overlapping (stage kernels' time / their makespan >= {MIN_CONCURRENCY}){case}", f"{best:.2f}",
+           f"the two streams overlapping (stage kernels' time / their makespan >= {MIN_CONCURRENCY}){case}",
+           f"{best:.2f}",
            "while chunk i is consumed, can chunk i + 1 be produced? What makes one stream wait for the other's "
            "whole queue?")
     return (f"right in all {len(runs)} runs; returned in {worst:.1f} ms with {delay:g} ms queued; "
