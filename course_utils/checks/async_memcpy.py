@@ -436,14 +436,15 @@ def _prefetch_judge(inputs: dict, data: dict) -> str:
     expect(type(runs) is list and [r.get("kind") for r in runs] == kinds, EX_PREFETCH,
            f"the probe's runs {kinds}", [r.get("kind") for r in runs] if type(runs) is list else runs)
     for j, (kind, run) in enumerate(zip(kinds, runs, strict=True)):
-        where = "with device='cpu'" if kind == "cpu" else f"on the GPU (run {j}, {kind})"
+        numel = inputs["cpu_numel"] if kind == "cpu" else inputs["gpu_numel"]
+        where = ("with device='cpu'" if kind == "cpu" else f"on the GPU (run {j}, {kind})") + \
+            f", {n} batches of {numel:,} float32 values"
         problems = run["problems"]
         expect(not problems, EX_PREFETCH, f"each batch yielded as a torch.Tensor on the device asked for {where}",
                problems[0] if problems else "", hint="what does your generator yield, and where does it live?")
         expect(len(run["sums"]) == n, EX_PREFETCH, f"{n} batches out for {n} in {where}", len(run["sums"]),
                hint="does your generator yield the last batch too?")
-        numel, idx = (inputs["cpu_numel"], inputs["cpu_idx"]) if kind == "cpu" else \
-            (inputs["gpu_numel"], inputs["gpu_idx"])
+        idx = inputs["cpu_idx"] if kind == "cpu" else inputs["gpu_idx"]
         sums, samples = _expected(inputs["seed"] + j, n, numel, idx)
         wrong = [i for i in range(n) if not (close(run["sums"][i], sums[i], rel=1e-9)
                                                and run["samples"][i] == samples[i])]

@@ -319,7 +319,7 @@ def time_judge(inputs: dict, data: dict) -> str:
     ref = max(statistics.median(r[key]) for r in ranks for key in ("before_s", "after_s"))
     lo, hi = inputs["low"] * min(samples), inputs["high"] * ref
     best = min(values, key=lambda v: abs(math.log(v / ref)))  # the upper bound on the best of the runs
-    what = f"about the time an all_reduce of {inputs['numel']} floats takes here"
+    what = f"about the time an all_reduce of {inputs['numel']} floats on {nproc} gloo ranks takes here"
     # The lower bound on every run: a busy machine slows a run down, never below the collectives' own time, but it
     # can slow a loop that only launches them into the range in one run, so a bound on the best run alone would
     # let such a loop pass.

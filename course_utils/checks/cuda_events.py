@@ -369,6 +369,7 @@ _RESULT_RULES = {
 def judge_pipeline(inputs: dict, data: dict) -> str:
     """The verdict on what the probe measured (plain data), with every expected value computed here."""
     n, delay, stage = inputs["n"], inputs["delay_ms"], inputs["stage_ms"]
+    case = f" ({n} chunks of {inputs['numel']:,} float32 values, stages of {stage:g} ms)"
     expect(data.get("error") is None, EX_PIPELINE,
            f"a list of {n} float32 CUDA tensors with {inputs['numel']} elements each", data.get("error"),
            "return the consumer's outputs, one plain tensor per chunk, in order")
@@ -380,11 +381,12 @@ def judge_pipeline(inputs: dict, data: dict) -> str:
         mine = [(spec, r) for spec, r in pairs if spec["kind"] == kind]
         wrong = sum(_wrong_chunks(inputs, r, spec["seeds"]) for spec, r in mine)
         what, hint = _RESULT_RULES[kind]
-        expect(wrong == 0, EX_PIPELINE, what.format(delay=delay), f"{wrong} of {n * len(mine)} chunks wrong", hint)
+        expect(wrong == 0, EX_PIPELINE, what.format(delay=delay) + case, f"{wrong} of {n * len(mine)} chunks wrong",
+               hint)
     late = [r for spec, r in pairs if spec["kind"] != "timed"]
     worst = max(float(r["host_ms"]) for r in late)
     expect(worst <= HOST_SHARE_MAX * delay, EX_PIPELINE,
-           f"the call to return within {HOST_SHARE_MAX * delay:g} ms while the GPU still had {delay:g} ms queued",
+           f"the call to return within {HOST_SHARE_MAX * delay:g} ms while the GPU still had {delay:g} ms queued{case}",
            f"{worst:.1f} ms (cudaMalloc calls in that call: {max(int(r['mallocs']) for r in late)})",
            "does anything in your function make the host wait for the GPU (a synchronize, an event's "
            "synchronize, reading a value)?")
@@ -394,15 +396,16 @@ def judge_pipeline(inputs: dict, data: dict) -> str:
             continue
         stages = [k for k in r["kernels"] if k[1] - k[0] >= MIN_STAGE_SHARE * stage]
         expect(len(stages) == 2 * n, EX_PIPELINE, f"{2 * n} stage kernels of about {stage:g} ms (produce and "
-               "consume, once per chunk) on the probe's timeline", f"{len(stages)}",
+               f"consume, once per chunk) on the probe's timeline{case}", f"{len(stages)}",
                "call produce and consume once per chunk, and nothing else that sleeps")
         streams = {k[2] for k in stages}
-        expect(len(streams) >= 2, EX_PIPELINE, "stage kernels on two streams", sorted(streams),
+        expect(len(streams) >= 2, EX_PIPELINE, f"stage kernels on two streams{case}", sorted(streams),
                "where do produce and consume run?")
         span = max(k[1] for k in stages) - min(k[0] for k in stages)
         best = max(best, sum(k[1] - k[0] for k in stages) / span if span > 0 else 0.0)
     expect(best >= MIN_CONCURRENCY, EX_PIPELINE,
-           f"the two streams overlapping (stage kernels' time / their makespan >= {MIN_CONCURRENCY})", f"{best:.2f}",
+           f"the two streams overlapping (stage kernels' time / their makespan >= {MIN_CONCURRENCY}){case}",
+           f"{best:.2f}",
            "while chunk i is consumed, can chunk i + 1 be produced? What makes one stream wait for the other's "
            "whole queue?")
     return (f"right in all {len(runs)} runs; returned in {worst:.1f} ms with {delay:g} ms queued; "

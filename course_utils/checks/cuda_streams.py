@@ -185,37 +185,44 @@ def split_probe(answer: Any, inputs: dict) -> dict:
     return {"runs": runs}
 
 
-def _split_run(inputs: dict, run: dict) -> dict:
-    """One run's facts from its kernel times; raises CheckFailed for what must hold in every run."""
+def _split_case(inputs: dict) -> str:
+    """The workload the check gave run_split, for its messages."""
+    return (f"{inputs['n_chains']} chains of {inputs['steps_per_chain']} steps of {inputs['step_ms']:g} ms after a "
+            f"{inputs['head_start_ms']:g} ms head start")
+
+
+def _split_run(inputs: dict, run: dict, j: int = 0) -> dict:
+    """Run j's facts from its kernel times; raises CheckFailed for what must hold in every run."""
     n, k, step_ms, head_ms = (inputs["n_chains"], inputs["steps_per_chain"], inputs["step_ms"],
                               inputs["head_start_ms"])
+    case = f" (run {j + 1} of {inputs['repeats']}: {_split_case(inputs)})"
     want = [float(k)] * n
     # Sleeps under 50 µs are not steps (a timeline names a stream with a one-cycle sleep, should one show).
     spins = [(str(s), float(a), float(b)) for s, a, b in run["spins"] if float(b) - float(a) >= 0.05]
     heads = [x for x in spins if x[2] - x[1] >= 0.5 * head_ms]
     steps = [x for x in spins if x[2] - x[1] < 0.5 * head_ms]
-    expect(len(heads) == 1, EX_SPLIT, f"one {head_ms:g} ms sleep kernel (the check's head start)",
+    expect(len(heads) == 1, EX_SPLIT, f"one {head_ms:g} ms sleep kernel (the check's head start){case}",
            f"{len(heads)}", "launch only the steps you are given")
-    expect(len(steps) == n * k, EX_SPLIT, f"{n * k} step kernels ({n} chains of {k} steps)",
+    expect(len(steps) == n * k, EX_SPLIT, f"{n * k} step kernels{case}",
            f"{len(steps)} sleep kernels besides the check's own", "call every step of every chain exactly once")
     shortest = min(b - a for _, a, b in steps)
-    expect(shortest >= 0.8 * step_ms, EX_SPLIT, f"each step's sleep to last about {step_ms:g} ms",
+    expect(shortest >= 0.8 * step_ms, EX_SPLIT, f"each step's sleep to last about {step_ms:g} ms{case}",
            f"a sleep of {shortest:.2f} ms", "call the steps as they are given; do not change them")
     head_end = heads[0][2]
     first = min(a for _, a, _ in steps)
     expect(first >= head_end - 0.5, EX_SPLIT,
-           "no step to start before the work already queued on the current stream had finished",
+           f"no step to start before the work already queued on the current stream had finished{case}",
            f"a step starting {head_end - first:.1f} ms before the current stream's earlier work ended",
            "what had the caller queued on the current stream before calling you, and which of your streams "
            "know about it?")
     durations = [b - a for _, a, b in steps]
     makespan = max(b for _, _, b in steps) - first
     expect(makespan >= 0.9 * k * sum(durations) / len(durations), EX_SPLIT,
-           f"the {k} steps of a chain one after another (makespan at least {k} steps)",
+           f"the {k} steps of a chain one after another (makespan at least {k} steps){case}",
            f"all steps done within {makespan:.1f} ms", "can two steps of the same chain run at the same time?")
-    expect(run["final"] == want, EX_SPLIT, f"counts {want} once the GPU had finished", run["final"],
+    expect(run["final"] == want, EX_SPLIT, f"counts {want} once the GPU had finished{case}", run["final"],
            "does every step run exactly once, after the work the current stream queued before your function?")
-    expect(run["seen"] == want, EX_SPLIT, f"counts {want} on the current stream right after run_split returned",
+    expect(run["seen"] == want, EX_SPLIT, f"counts {want} on the current stream right after run_split returned{case}",
            run["seen"], "what does the current stream know about your side streams' work when you return?")
     return {"busy_ms": sum(durations), "makespan_ms": makespan, "streams": len({s for s, _, _ in steps}),
             "host_ms": float(run["host_ms"]), "head_still_running": run["head_still_running"] is True}
@@ -225,17 +232,18 @@ def split_judge(inputs: dict, data: dict) -> str:
     runs = data.get("runs")
     expect(type(runs) is list and len(runs) == inputs["repeats"], EX_SPLIT, f"{inputs['repeats']} measured runs",
            runs if type(runs) is not list else len(runs))
-    facts = [_split_run(inputs, run) for run in runs]
+    facts = [_split_run(inputs, run, j) for j, run in enumerate(runs)]
+    case = f" ({_split_case(inputs)}, best of {len(facts)} runs)"
     head_ms, target = inputs["head_start_ms"], inputs["target_speedup"]
     free = [f for f in facts if f["head_still_running"] and f["host_ms"] < 0.5 * head_ms]
     expect(bool(free), EX_SPLIT,
-           f"run_split to return while the GPU was still busy with the check's {head_ms:g} ms head start",
+           f"run_split to return while the GPU was still busy with the check's {head_ms:g} ms head start{case}",
            f"the host held for {min(f['host_ms'] for f in facts):.1f} ms at best",
            "which call in your function makes the host wait for the GPU, and what could wait on the GPU instead?")
     best = max(facts, key=lambda f: f["busy_ms"] / f["makespan_ms"])
     speedup = best["busy_ms"] / best["makespan_ms"]
     expect(speedup >= target, EX_SPLIT,
-           f"the chains to overlap: at least {target:g}x (step kernel time {best['busy_ms']:.1f} ms / makespan)",
+           f"the chains to overlap: at least {target:g}x (step kernel time {best['busy_ms']:.1f} ms / makespan){case}",
            f"{speedup:.2f}x, steps on {best['streams']} stream(s)",
            "how many streams do the chains need so that none waits for another?")
     return (f"best of {len(facts)}: {best['busy_ms']:.1f} ms of steps in {best['makespan_ms']:.1f} ms on "

@@ -187,17 +187,19 @@ def accumulate_judge(inputs: dict, data: dict) -> str:
            type(ranks).__name__)
     orders = sampler_orders(inputs)
     epochs, per_rank = inputs["epochs"], len(orders[0][0])
+    case = (f" (train(ddp, loader, optimizer, epochs={epochs}, accum={inputs['accum']}) on {WORLD} ranks, "
+            f"{inputs['n']} samples, batches of {inputs['batch']})")
     for rank, res in enumerate(ranks):
         seen = res.get("indices")
         expect(_is_list(seen, epochs * per_rank), EX_ACC,
-               f"rank {rank} to read {per_rank} samples per epoch for {epochs} epochs ({epochs * per_rank})",
+               f"rank {rank} to read {per_rank} samples per epoch for {epochs} epochs ({epochs * per_rank}){case}",
                f"{len(seen)} samples" if _is_list(seen) else seen, "one pass over the loader per epoch")
         for epoch in range(epochs):
             got = seen[epoch * per_rank:(epoch + 1) * per_rank]
             same_as = [e for e in range(epochs) if e != epoch and got == orders[rank][e]]
             expect(got == orders[rank][epoch], EX_ACC,
                    f"rank {rank}'s epoch {epoch} in the sampler's order for epoch {epoch} "
-                   f"(starting {orders[rank][epoch][:4]})",
+                   f"(starting {orders[rank][epoch][:4]}){case}",
                    f"an order starting {got[:4]}" + (f", the order of epoch {same_as[0]}" if same_as else ""),
                    "how does a DistributedSampler know which epoch it is, and when does it need to know?")
     n_steps = epochs * (per_rank // inputs["batch"]) // inputs["accum"]
@@ -205,10 +207,11 @@ def accumulate_judge(inputs: dict, data: dict) -> str:
     for rank, res in enumerate(ranks):
         at, total = res.get("syncs_at_steps"), res.get("syncs")
         expect(_is_list(at) and len(at) == n_steps, EX_ACC,
-               f"{n_steps} optimizer steps on rank {rank} ({inputs['accum']} micro-batches each)",
+               f"{n_steps} optimizer steps on rank {rank} ({inputs['accum']} micro-batches each){case}",
                f"{len(at)} steps" if _is_list(at) else at)
         expect(at == want_syncs and total == n_steps, EX_ACC,
-               f"one gradient all-reduce per optimizer step on rank {rank} (after each step: {want_syncs[:4]}...)",
+               f"one gradient all-reduce per optimizer step on rank {rank} (after each step: {want_syncs[:4]}...)"
+               + case,
                f"after each step {at[:4]}..., {total} in all",
                "which micro-batches must DDP all-reduce, and where does DDP decide whether backward will "
                "all-reduce: in backward, or already in forward?")
@@ -216,7 +219,7 @@ def accumulate_judge(inputs: dict, data: dict) -> str:
     for rank, res in enumerate(ranks):
         expect(_close_tensors(res.get("weights"), want, atol=1e-5), EX_ACC,
                f"rank {rank}'s final weights to match one process training on both ranks' micro-batches "
-               "(each step: the mean loss over its window)",
+               f"(each step: the mean loss over its window){case}",
                "different weights",
                "what gradient does backward leave after `accum` micro-batches, compared with one batch of "
                "accum times the size? And what does zero_grad do to the micro-batches before it?")
@@ -339,7 +342,9 @@ def checkpoint_judge(inputs: dict, data: dict) -> str:
     expect(_is_list(ranks, WORLD) and all(type(r) is dict for r in ranks), EX_CKPT, f"{WORLD} ranks' results",
            type(ranks).__name__)
     writers = sorted({r for res in ranks for r in (res.get("saves") or [])})
-    expect(writers == [0] and ranks[0].get("saves") == [0], EX_CKPT, "rank 0 alone to call torch.save, once",
+    case = (f" (save(ddp, optimizer, epoch={inputs['epoch']}, path), then load(ddp, optimizer, path, cpu) on {WORLD} "
+            "ranks)")
+    expect(writers == [0] and ranks[0].get("saves") == [0], EX_CKPT, f"rank 0 alone to call torch.save, once{case}",
            f"torch.save called by ranks {writers}" + (f", {len(ranks[0].get('saves') or [])} times on rank 0"
                                                      if writers == [0] else ""),
            "the ranks hold identical copies: how many of them need to write, and what happens when several "
@@ -355,15 +360,15 @@ def checkpoint_judge(inputs: dict, data: dict) -> str:
     for rank, res in enumerate(ranks):
         epoch = res.get("epoch")
         expect(epoch == inputs["epoch"], EX_CKPT, f"load() on rank {rank} to return the saved epoch "
-               f"{inputs['epoch']}", epoch if epoch != STALE_EPOCH else f"{epoch}, the stale checkpoint's epoch",
+               f"{inputs['epoch']}{case}", epoch if epoch != STALE_EPOCH else f"{epoch}, the stale checkpoint's epoch",
                "did this rank read the file before rank 0 had finished writing it? What makes every rank wait "
                "for the writer?")
         expect(_close_tensors(res.get("weights"), weights, atol=1e-6), EX_CKPT,
-               f"rank {rank}'s weights after load() to be the saved ones", "other weights",
+               f"rank {rank}'s weights after load() to be the saved ones{case}", "other weights",
                "did this rank read the new file, and load it into the module inside DDP?")
         have = res.get("exp_avg"), res.get("exp_avg_sq")
         expect(_close_tensors(have[0], exp_avg, atol=1e-6) and _close_tensors(have[1], exp_avg_sq, atol=1e-6),
-               EX_CKPT, f"rank {rank}'s Adam state (exp_avg, exp_avg_sq) after load() to be the saved one",
+               EX_CKPT, f"rank {rank}'s Adam state (exp_avg, exp_avg_sq) after load() to be the saved one{case}",
                "no Adam state" if _is_list(have[0]) and all(x is None for x in have[0]) else "another state",
                "what besides the weights does training need to go on where it stopped?")
         maps = res.get("map_locations")

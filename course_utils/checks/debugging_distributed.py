@@ -312,7 +312,10 @@ def _loop_judge(kind: str, ex: str):
         err = data.get("error")
         if err is not None:
             hung = any(w in err for w in _HANG_WORDS)
-            expect(False, ex, f"the loop to finish on {WORLD} ranks", err,
+            # what each rank held is drawn on the rank (see loop_worker): the judge names what it asked for
+            case = (f"holding different numbers of batches (2 to {inputs['steps']})" if kind == "uneven" else
+                    f"holding {inputs['steps']} batches each, one NaN batch per rank at different steps")
+            expect(False, ex, f"the loop to finish on {WORLD} ranks {case}", err,
                    hint=("a rank waited in a collective that another rank never called (or called with "
                          "different tensors): do all ranks call the same collectives, the same number of times, "
                          "in the same order?") if hung else "read the traceback of the rank that failed first")
@@ -342,7 +345,8 @@ def _loop_judge(kind: str, ex: str):
                   and all(type(g) is torch.Tensor and g.shape == w.shape and bool(torch.allclose(g, w, atol=1e-5))
                           for g, w in zip(got, weights, strict=True)))
             expect(ok, ex, f"rank {rank}'s weights to be those of data-parallel SGD (each step: the gradient "
-                   "averaged over the ranks, then p -= lr * grad)", "different weights",
+                   f"averaged over the ranks, then p -= lr * grad; ranks held {lengths} batches, bad at steps {bads})",
+                   "different weights",
                    hint="is every gradient all-reduced and divided by the world size, on the steps every rank "
                         "takes and only those?")
         what = f"ranks held {lengths} batches, all stopped after {steps}" if kind == "uneven" else \

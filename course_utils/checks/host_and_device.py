@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from . import Exercise, close, expect, register
+from . import Exercise, _line_of_theirs, close, expect, register
 
 # ============================================================================ ex01_host_model
 
@@ -192,10 +192,19 @@ def _hidden_syncs_probe(step: Callable, inputs: dict) -> dict:
     graph_kept = any(isinstance(v, torch.Tensor) and v.requires_grad
                      for h in history if isinstance(h, dict) for v in h.values())
     data = {"values": values, "problem": problem, "graph_kept": graph_kept, "syncs": counted.count,
-            "calls": counted.calls, "where": counted.where, "weights": [p.detach().cpu() for p in model.parameters()]}
+            "calls": counted.calls, "where": [_your_line_at(w) for w in counted.where],
+            "weights": [p.detach().cpu() for p in model.parameters()]}
     if inputs["gpu"]:
         data["timing"] = _time_steps(step, inputs["big"], inputs["seed"], inputs["repeats"])
     return data
+
+
+def _your_line_at(where: str) -> str:
+    """count_syncs' "file:line" as "line N of your code: `...`" where the file is the learner's (read here, beside
+    their code: only this process can read a notebook cell's lines), else as it is."""
+    filename, _, lineno = where.rpartition(":")
+    theirs = _line_of_theirs([(filename, int(lineno), "fast_train_step", "")]) if lineno.isdigit() else ""
+    return theirs.removeprefix(", ") or f"at {where}"
 
 
 def _time_steps(step: Callable, b: dict, seed: int, repeats: int) -> list[list[float]]:
@@ -230,6 +239,8 @@ def _reference(inputs: dict) -> tuple[list[list[float]], list[torch.Tensor]]:
 def _hidden_syncs_judge(inputs: dict, data: dict) -> str:
     ex = HIDDEN_SYNCS
     s = inputs["small"]
+    device = "cuda" if inputs["gpu"] else "cpu"
+    case = f"{s['steps']} steps of the {s['width']}-wide MLP, batch {s['batch']}, on {device}"
     expect(data["problem"] is None, ex, "the step to log loss, grad_norm and acc", data["problem"])
     expect(data["graph_kept"] is False, ex, "logged tensors that do not require grad",
            "a logged tensor with requires_grad=True",
@@ -240,16 +251,16 @@ def _hidden_syncs_judge(inputs: dict, data: dict) -> str:
     for i, (got, ref) in enumerate(zip(data["values"], want, strict=True)):
         for k, g, w in zip(KEYS, got, ref, strict=True):
             ok = abs(g - w) <= acc_tol if k == "acc" else close(g, w, rel=1e-3, abs_=1e-5)
-            expect(ok, ex, f"step {i} {k} = {w:.6g} (the step's own value, as .item() would read it)",
+            expect(ok, ex, f"step {i} {k} = {w:.6g} (the step's own value, as .item() would read it; {case})",
                    f"{g:.6g}" if math.isfinite(g) else g,
                    "is the update the same: clipping before opt.step(), and the values taken where the slow step "
                    "takes them?")
     expect(len(data["weights"]) == len(weights), ex, f"{len(weights)} parameter tensors", len(data["weights"]))
     for i, (p, q) in enumerate(zip(data["weights"], weights, strict=True)):
         expect(p.shape == q.shape and torch.allclose(p, q, rtol=1e-3, atol=1e-5), ex,
-               f"the same weights as the logging step after {s['steps']} steps", f"parameter {i} differs")
-    reads = sorted(set(f"{c} at {w}" for c, w in zip(data["calls"], data["where"], strict=True)))
-    expect(data["syncs"] == 0, ex, "no host reads of device data inside the step (count_syncs)",
+               f"the same weights as the logging step after {case}", f"parameter {i} differs")
+    reads = sorted(set(f"{c} {w}" for c, w in zip(data["calls"], data["where"], strict=True)))
+    expect(data["syncs"] == 0, ex, f"no host reads of device data inside the step (count_syncs, {case})",
            f"{data['syncs'] / s['steps']:g} per step: {'; '.join(reads)}",
            "which of these lines needs a value on the host, and could it keep a tensor instead?")
     if not inputs["gpu"]:

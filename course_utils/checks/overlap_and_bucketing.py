@@ -313,7 +313,8 @@ def dp_judge(inputs: dict, data: dict) -> str:
                    EX_DP, "the starting parameters of every rank", type(got).__name__)
             same = all(type(a) is torch.Tensor and a.shape == b.shape and torch.equal(a, b)
                        for a, b in zip(got["start"], start, strict=True))
-            expect(same, EX_DP, f"rank {rank} to start from rank 0's parameters once BucketedDP(...) returned",
+            expect(same, EX_DP, f"rank {rank} to start from rank 0's parameters once BucketedDP(model, "
+                   f"bucket_cap_mb={case['cap_mb']:g}) returned on {WORLD} gloo ranks",
                    "different parameters", "the ranks build their models from different seeds: what must "
                    "BucketedDP do first so that every rank trains the same model?")
             expect(type(got.get("steps")) is list and len(got["steps"]) == len(case["steps"]), EX_DP,
@@ -333,17 +334,19 @@ def dp_judge(inputs: dict, data: dict) -> str:
             if case.get("paused"):
                 timing.append(s0)
     if timing:
-        out_ms = inputs["cases"][-1]["steps"][0]["pauses"]["output"]
+        paused = next(c for c in cases if c.get("paused"))
+        out_ms = paused["steps"][0]["pauses"]["output"]
+        case = f" (bucket_cap_mb={paused['cap_mb']:g} on {WORLD} gloo ranks)"
         held = [s["marks"]["middle"][0] - s["backward_ms"] for s in timing]
         expect(min(held) < out_ms / 2, EX_DP,
                f"rank 0's backward to reach its middle layers at once while rank 1 was still in a {out_ms:g} ms "
-               "pause", f"rank 0 held {min(held):.0f} ms by rank 1",
+               f"pause{case}", f"rank 0 held {min(held):.0f} ms by rank 1",
                "does anything in your hook wait for the other rank? (an all-reduce without async_op=True, or "
                "a wait() on one)")
         lead = [s["marks"]["middle"][1] - min((a for a, _ in s["comm"]), default=math.inf) for s in timing]
         expect(max(lead) > 0, EX_DP,
                "an all-reduce on rank 0 to start during backward, before its middle pause ended (the late "
-               "layers' buckets were full by then)",
+               f"layers' buckets were full by then){case}",
                "the first all-reduce after the pause" if all(math.isfinite(x) for x in lead) else "none",
                "where do you launch a bucket's all-reduce: when it is full, or in finish()?")
     return (f"{n_checked} gradient sets on {WORLD} gloo ranks match one process on the full batch, caps "

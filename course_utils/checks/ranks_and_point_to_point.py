@@ -351,15 +351,17 @@ def _judged_right(case: dict, res: dict) -> bool:
 _HANG_WORDS = ("Timed out", "timed out", "Connection closed", "Connection reset")
 
 
-def _halo_failure(world: int, res: dict) -> None:
+def _halo_failure(case: dict, res: dict) -> None:
     msg = res.get("message") or ""
+    world = case["world"]
+    where = f"on {world} ranks, width {case['width']}, blocks of {[len(b) for b in case['blocks']]} float32 values"
     if res.get("status") == "timeout" or any(w in msg for w in _HANG_WORDS):
-        expect(False, EX_HALO, f"the halo exchange on {world} ranks to finish",
+        expect(False, EX_HALO, f"the halo exchange to finish {where}",
                "it hung until the timeout (a deadlock?):\n" + msg,
                hint="does every rank first post a blocking send, or wait for a message nobody sends (peer, tag)? "
                     "What does isend/irecv or batch_isend_irecv change?")
     first = next((line for line in msg.splitlines() if "not available in this exercise" in line), None)
-    expect(False, EX_HALO, f"the halo exchange on {world} ranks to run", "an error:\n" + msg,
+    expect(False, EX_HALO, f"the halo exchange to run {where}", "an error:\n" + msg,
            hint=first or "read the traceback of the rank that failed first")
 
 
@@ -399,7 +401,7 @@ def _halo_case_verdict(case: dict, res: Any) -> None:
     world, width, blocks = case["world"], case["width"], case["blocks"]
     expect(type(res) is dict, EX_HALO, "a result per run", res)
     if res.get("status") != "ok":
-        _halo_failure(world, res)
+        _halo_failure(case, res)
     ranks = res.get("ranks")
     expect(type(ranks) is list and len(ranks) == world, EX_HALO, f"{world} ranks' results", ranks)
     for r, got in enumerate(ranks):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import re
 from pathlib import Path
 
 import matplotlib
@@ -15,7 +16,7 @@ import torch
 
 from course_utils import checks, reference
 from course_utils.checks import host_and_device as hd
-from tests.exercise_cells import exercise_cells, run_cells
+from tests.exercise_cells import _compiled_cell, exercise_cells, run_cells
 
 matplotlib.use("Agg")
 
@@ -187,7 +188,7 @@ def _run_in_process(sources, capsys):
     ns: dict = {}
     try:
         for i, src in enumerate(sources):
-            exec(compile(src, f"<cell {i}>", "exec"), ns)
+            exec(_compiled_cell(src, f"<cell {i}>"), ns)  # its lines readable, as in a kernel
     except checks.CheckFailed as err:
         return capsys.readouterr().out, err
     return capsys.readouterr().out, None
@@ -206,6 +207,15 @@ def test_wrong_answer_fails_its_check_on_any_machine(path, notebook, capsys):
     text, err = _run_in_process(exercise_cells(notebook, grade_id, path.read_text()), capsys)
     assert err is not None, f"{path.name} passed:\n{text}"
     assert str(err).startswith(grade_id), err
+    if path.stem in NAMES_THE_CASE:
+        assert re.search(NAMES_THE_CASE[path.stem], str(err)), err
+
+
+NAMES_THE_CASE = {  # main wrong answer -> the failing case (and the learner's line) its message must name
+    HOST_MODEL: r"host_done_ms = 0 for program \[\('gpu', 5\.0\)\], saw 5",
+    HIDDEN: r"\(count_syncs, 4 steps of the 64-wide MLP, batch 32, on cpu\), saw 1 per step: Tensor\.__float__ in line "
+            r"\d+ of your code: `history\.append",
+}
 
 
 @pytest.mark.parametrize("path", [WRONG / f"{s}.py" for s in sorted(GPU_ONLY)], ids=lambda p: p.stem)

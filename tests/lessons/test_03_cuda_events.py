@@ -218,8 +218,9 @@ def test_pipeline_judge_passes_a_correct_overlapped_answer(pipe_inputs):
     ({"kernels": lambda n, s: [[0.0, 0.1, "a"]] * (2 * n)}, "12 stage kernels"),  # too short to be stages
 ])
 def test_pipeline_judge_fails(pipe_inputs, spoil, words):
-    with pytest.raises(checks.CheckFailed, match=words):
+    with pytest.raises(checks.CheckFailed, match=words) as err:
         ev.judge_pipeline(pipe_inputs, _pipeline_data(pipe_inputs, **spoil))
+    assert f"({pipe_inputs['n']} chunks of {pipe_inputs['numel']:,} float32 values, stages of " in str(err.value)
 
 
 def test_pipeline_judge_fails_malformed_answers(pipe_inputs):
@@ -258,6 +259,7 @@ def test_predict_elapsed_solution_passes():
 def test_predict_elapsed_wrong_answers_fail(path):
     text, error = run_cells(exercise_cells(NB, "ex03_predict_elapsed", path.read_text()))
     assert error == "CheckFailed", text
+    assert re.search(r"predict_elapsed\([\d.]+, [\d.]+, [\d.]+, [\d.]+\)", text), text  # names the schedule
 
 
 def test_fix_pipeline_skips_without_a_gpu_and_fails_when_one_is_required(monkeypatch, capsys):
@@ -341,7 +343,7 @@ def test_pipeline_check_passes_the_solution(capsys):
 
 
 PIPELINE_FAILURES = {
-    "ex03_fix_pipeline": "chunks are written late",
+    "ex03_fix_pipeline": r"chunks are written late .* \(6 chunks of [\d,]+ float32 values, stages of",
     "ex03_fix_pipeline__event_too_early": "chunks are written late",
     "ex03_fix_pipeline__sync_between_stages": "return within",
     "ex03_fix_pipeline__wait_on_host": "return within",

@@ -17,7 +17,7 @@ import torch
 from course_utils import checks, launch
 from course_utils.checks import CheckFailed
 from course_utils.checks import ranks_and_point_to_point as p2p
-from tests.exercise_cells import exercise_cells, run_cells
+from tests.exercise_cells import _compiled_cell, exercise_cells, run_cells
 
 pytestmark = pytest.mark.ranks
 
@@ -39,8 +39,8 @@ def wrong_answers(ex: str) -> list[Path]:
 def run_in_process(ex: str, replacement: str | None) -> None:
     """Setup cells, the solution (or a wrong answer) and the check cell, executed here in a fresh namespace."""
     ns: dict = {"__name__": "__lesson05__"}
-    for src in exercise_cells(notebook(), ex, replacement):
-        exec(compile(src, f"<{ex}>", "exec"), ns)
+    for i, src in enumerate(exercise_cells(notebook(), ex, replacement)):
+        exec(_compiled_cell(src, f"<{ex} cell {i}>"), ns)  # its lines readable, as in a kernel
 
 
 def notebook_functions() -> dict:
@@ -124,7 +124,8 @@ def test_stuck_ranks_master_passes(capsys):
 
 @pytest.mark.parametrize("path", wrong_answers(p2p.EX_STUCK), ids=lambda p: p.stem)
 def test_stuck_ranks_wrong_answer_fails(path):
-    with pytest.raises(CheckFailed, match=p2p.EX_STUCK):
+    with pytest.raises(CheckFailed, match=rf"{p2p.EX_STUCK}: expected stuck_ranks\(programs, eager_bytes=\d+\) for\n"
+                                          r"    rank 0: "):  # the programs, rank by rank
         run_in_process(p2p.EX_STUCK, path.read_text())
 
 
@@ -215,7 +216,8 @@ def test_halo_exchange_master_passes(capsys):
 
 
 @pytest.mark.parametrize("stem, message", [
-    ("ex05_halo_exchange", "hung until the timeout"),                # blocking sends first: deadlock
+    ("ex05_halo_exchange", r"to finish on \d ranks, width \d, blocks of \[[\d, ]+\] float32 values, saw it hung "
+                           r"until the timeout .*\nrank \d: .*in line \d+ of your code: `dist\.send\("),  # deadlock
     ("ex05_halo_exchange__wrong_tag", "hung until the timeout"),     # gloo matches tags
     ("ex05_halo_exchange__swapped", "swapped|which end"),
     ("ex05_halo_exchange__wrong_peer", "swapped"),
