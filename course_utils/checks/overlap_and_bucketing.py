@@ -19,7 +19,6 @@ lesson's model of bucketed all-reduce during backward, on inputs this module mak
 from __future__ import annotations
 
 import math
-import os
 import random
 import time
 from typing import Any

@@ -78,7 +78,9 @@ def _int_or_text(value: Any) -> int | str:
         return value
     if type(value) is float and math.isfinite(value) and value.is_integer():
         return int(value)
-    return f"{value!r:.60}" if type(value) in (float, str, bool) else f"a {type(value).__module__}.{type(value).__qualname__}"
+    if type(value) in (float, str, bool):
+        return f"{value!r:.60}"
+    return f"a {type(value).__module__}.{type(value).__qualname__}"
 
 
 def memory_probe(answer: Any, inputs: dict) -> dict:
