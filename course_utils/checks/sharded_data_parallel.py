@@ -14,10 +14,12 @@ layer in it). Each rank trains on its own rows; each step's `step()` runs under 
 c10d operators it calls. After the last step the probe measures what the optimizer keeps: the bytes of every live
 tensor storage made since just before the optimizer was built (found through the garbage collector), less the
 parameters and their gradients, plus what Python's own heap grew by (tracemalloc: states kept as Python floats or
-numpy arrays). The judge computes one process's `torch.optim.Adam` on the full batch itself and wants every rank's
-parameters to match it, only reduce-scatter / all-gather (or send / recv) in `step()`, and at world sizes of 3 and
-more at most 16 bytes per value of the rank's shard (two states, a copy of the shard and its gradient) plus
-SLACK_BYTES. Tensors held only by C++ objects (an autograd graph kept alive) are not seen by the byte count.
+numpy arrays; the lines of the answer's own file, a cell's). The judge computes one process's `torch.optim.Adam`
+on the full batch itself and wants every rank's parameters to match it after the first step (where a mistake shows
+in the parameters it touches; later steps spread it through forward) and after the last, only reduce-scatter /
+all-gather (or send / recv) in `step()`, and at world sizes of 3 and more at most 16 bytes per value of the rank's
+shard (two states, a copy of the shard and its gradient) plus SLACK_BYTES. Tensors held only by C++ objects (an
+autograd graph kept alive) are not seen by the byte count.
 """
 
 from __future__ import annotations
@@ -177,8 +179,10 @@ def adam_inputs(seed: int | None = None) -> dict:
     return {"seed": seed, "worlds": [2, 3, 5], "timeout_s": 120.0}
 
 
-def _live_storages() -> dict[int, int]:
-    """data_ptr -> bytes of every CPU tensor storage that a live Python tensor object holds."""
+def _live_storages() -> dict[int, torch.UntypedStorage]:
+    """data_ptr -> every CPU tensor storage that a live Python tensor object holds. Holding a storage keeps its
+    memory: while this dict lives, no tensor made later can take one of its addresses (states kept in a global from
+    the case before, freed and made again, would otherwise hide at the old addresses)."""
     gc.collect()
     out = {}
     with warnings.catch_warnings():
@@ -187,7 +191,7 @@ def _live_storages() -> dict[int, int]:
             try:
                 if isinstance(obj, torch.Tensor) and obj.device.type == "cpu":
                     s = obj.untyped_storage()
-                    out[s.data_ptr()] = s.nbytes()
+                    out[s.data_ptr()] = s
             except Exception:  # a tensor without storage (meta, a wrapper subclass)
                 continue
     return out
@@ -203,11 +207,12 @@ def _adam_case(answer: Any, seed: int, grouped: bool, rank: int, world: int, mea
     batches = [full_batch(seed, step, world) for step in range(STEPS)]
     mine = [(x[rank * ROWS:(rank + 1) * ROWS], y[rank * ROWS:(rank + 1) * ROWS]) for x, y in batches]
     dist.barrier()
-    before = set(_live_storages()) if measure else set()
+    before = _live_storages() if measure else {}
     if measure:
         tracemalloc.start()
     opt = answer(groups_of(model, grouped), lr=LR)
     ops: dict[str, int] = {}
+    first: list[torch.Tensor] = []  # the parameters after one step, before a mistake spreads through forward
     for x, y in mine:
         opt.zero_grad()
         nn.functional.mse_loss(model(x), y).backward()
@@ -216,23 +221,35 @@ def _adam_case(answer: Any, seed: int, grouped: bool, rank: int, world: int, mea
         for e in prof.events():
             if e.name.startswith("c10d::"):
                 ops[e.name] = ops.get(e.name, 0) + 1
+        first = first or [p.detach().clone() for p in model.parameters()]
     del prof
-    out = _kept(model, before) if measure else {}  # before the copies below exist
-    return {**out, "params": [p.detach().clone() for p in model.parameters()], "ops": ops}
+    out = _kept(model, before, _own_files(answer), first) if measure else {}  # before the copies below exist
+    return {**out, "params": [p.detach().clone() for p in model.parameters()], "first": first, "ops": ops}
 
 
-def _kept(model: nn.Module, before: set[int]) -> dict:
-    """Bytes kept since `before` (live storages then) by anything but the model's parameters and gradients, and
-    what the learner's own lines hold on Python's heap since tracemalloc started (states kept as Python floats or
-    numpy arrays show there; a library's lazy imports and caches are not theirs)."""
+def _own_files(answer: Any) -> set[str]:
+    """The file names the answer's own functions were compiled under: a notebook cell's. The grader (and the
+    tests) exec a cell under a name like "<stem solution cell 14>", which `_is_theirs` alone cannot tell from a
+    library's exec'd "<string>"."""
+    objs = [answer, *vars(answer).values()] if isinstance(answer, type) else [answer]
+    codes = (getattr(getattr(o, "__func__", o), "__code__", None) for o in objs)
+    return {c.co_filename for c in codes if c is not None}
+
+
+def _kept(model: nn.Module, before: dict[int, Any], own: set[str], ours: list[torch.Tensor]) -> dict:
+    """Bytes kept since `before` (live storages then) by anything but the model's parameters and gradients and
+    the check's own copies `ours`, and what the learner's own lines (real files, or the files `own` of the
+    answer's functions) hold on Python's heap since tracemalloc started (states kept as Python floats or numpy
+    arrays show there; a library's lazy imports and caches are not theirs)."""
     gc.collect()
     snapshot = tracemalloc.take_snapshot()
     tracemalloc.stop()
     heap = sum(s.size for s in snapshot.statistics("filename")  # "<string>": code a library made with exec
-               if _is_theirs(s.traceback[0].filename) and not s.traceback[0].filename.startswith("<"))
+               if (f := s.traceback[0].filename) in own or (_is_theirs(f) and not f.startswith("<")))
     model_storages = {t.untyped_storage().data_ptr() for p in model.parameters()
                       for t in (p, p.grad) if type(t) is torch.Tensor}
-    kept = sum(n for ptr, n in _live_storages().items() if ptr not in before and ptr not in model_storages)
+    model_storages |= {t.untyped_storage().data_ptr() for t in ours}
+    kept = sum(s.nbytes() for ptr, s in _live_storages().items() if ptr not in before and ptr not in model_storages)
     return {"kept_bytes": kept, "heap_bytes": heap}
 
 
@@ -279,14 +296,14 @@ def adam_probe(answer: Any, inputs: dict) -> dict:
     return {"worlds": out}
 
 
-def reference_params(seed: int, grouped: bool, world: int) -> list[torch.Tensor]:
+def reference_params(seed: int, grouped: bool, world: int, steps: int = STEPS) -> list[torch.Tensor]:
     """One process: torch.optim.Adam with the same groups, on the average of the ranks' gradients (each rank's
     gradient computed on its own rows, summed in rank order, divided by the world size: the ranks' arithmetic, so
     that only the order of a collective's sums differs)."""
     model = build_model(seed)
     opt = torch.optim.Adam(groups_of(model, grouped), lr=LR)
     params = [p for p in model.parameters() if p.requires_grad]
-    for step in range(STEPS):
+    for step in range(steps):
         x, y = full_batch(seed, step, world)
         total = [torch.zeros_like(p) for p in params]
         for r in range(world):
@@ -323,6 +340,9 @@ def _param_problem(got: Any, want: torch.Tensor, start: torch.Tensor, frozen: bo
         return None
     if torch.equal(got, start):
         return "not changed at all by the steps"
+    stuck = (got == start) & (want != start)
+    if bool(stuck.any()):
+        return f"{int(stuck.sum()):,} of its {got.numel():,} values not changed by the steps"
     return f"off by up to {float((got - want).abs().max()):.3g}"
 
 
@@ -340,23 +360,29 @@ def _adam_hint(problem: str, name: str, grouped: bool, other_ranks_agree: bool) 
 
 
 def _check_params(world: int, grouped: bool, ranks: list, seed: int) -> None:
-    names = [n for n, _ in build_model(seed).named_parameters()]
-    start = [p.detach() for p in build_model(seed).parameters()]
-    frozen = [not p.requires_grad for p in build_model(seed).parameters()]
-    want = reference_params(seed, grouped, world)
+    """Every rank's parameters after the first step, then after the last: after one step a mistake shows in the
+    parameters it touches only; later steps spread it through forward to every parameter. Frozen parameters
+    first, for the same reason."""
+    model = build_model(seed)
+    names = [n for n, _ in model.named_parameters()]
+    start = [p.detach() for p in model.parameters()]
+    frozen = [not p.requires_grad for p in model.parameters()]
+    order = sorted(range(len(names)), key=lambda i: not frozen[i])
     c = 1 if grouped else 0
-    for rank in range(world):
-        got = ranks[rank][c]["params"]
-        expect(type(got) is list and len(got) == len(names), EX_ADAM, f"{len(names)} parameters from rank {rank}",
-               got if type(got) is not list else len(got))
-        for i, name in enumerate(names):
-            problem = _param_problem(got[i], want[i], start[i], frozen[i])
-            agree = all(type(r[c]["params"][i]) is torch.Tensor and r[c]["params"][i].shape == got[i].shape
-                        and torch.equal(r[c]["params"][i], got[i]) for r in ranks)
-            expect(problem is None, EX_ADAM,
-                   f"`{name}` on rank {rank} of {world} gloo ranks, after {STEPS} steps with {_case_name(grouped)}, "
-                   "to be what torch.optim.Adam gives in one process on the full batch", problem,
-                   _adam_hint(problem or "", name, grouped, agree))
+    for key, steps in (("first", 1), ("params", STEPS)):
+        want = reference_params(seed, grouped, world, steps)
+        for rank in range(world):
+            got = ranks[rank][c][key]
+            expect(type(got) is list and len(got) == len(names), EX_ADAM,
+                   f"{len(names)} parameters from rank {rank}", got if type(got) is not list else len(got))
+            for i in order:
+                problem = _param_problem(got[i], want[i], start[i], frozen[i])
+                agree = all(type(r[c][key][i]) is torch.Tensor and r[c][key][i].shape == got[i].shape
+                            and torch.equal(r[c][key][i], got[i]) for r in ranks)
+                expect(problem is None, EX_ADAM,
+                       f"`{names[i]}` on rank {rank} of {world} gloo ranks, after {steps} step{'s' * (steps > 1)} "
+                       f"with {_case_name(grouped)}, to be what torch.optim.Adam gives in one process on the full "
+                       "batch", problem, _adam_hint(problem or "", names[i], grouped, agree))
 
 
 def _check_ops(world: int, grouped: bool, ranks: list) -> None:
