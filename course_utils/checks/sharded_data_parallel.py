@@ -112,13 +112,14 @@ def memory_judge(inputs: dict, data: dict) -> str:
                f"a dict with keys 'params', 'grads' and 'optimizer' from {_call(case)}", got)
         for part in ("params", "grads", "optimizer"):
             expect(got[part] == want[part], EX_MEM, f"{want[part]:,} bytes of {part} per rank from {_call(case)}",
-                   got[part] if type(got[part]) is str else f"{got[part]:,}", _memory_hint(case, part))
+                   got[part] if type(got[part]) is str else f"{got[part]:,}", _memory_hint(case, part, got[part]))
     return f"{len(cases)} cases, DDP and ZeRO-1/2/3, fp32 and mixed precision, as the model counts"
 
 
-def _memory_hint(case: list, part: str) -> str:
+def _memory_hint(case: list, part: str, seen: Any) -> str:
     n, world, method, mixed = case
-    if n % world:
+    floor = model_bytes(n, world, method, mixed)[part] * (n // world) / max(-(-n // world), 1)
+    if n % world and seen == floor:
         return f"{n} values over {world} ranks: how many does the fullest rank hold once they are padded evenly?"
     per = {"params": "2 or 4", "grads": "2 or 4", "optimizer": "12 or 8"}[part]
     return (f"how many bytes per value ({per}, by precision), and which stage shards the {part}? "

@@ -5,6 +5,7 @@ through the check at one world size (ADAM_WORLDS), which is enough to fail it at
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import copy
 import dataclasses
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from course_utils import checks
+from course_utils import checks, launch
 from course_utils.checks import sharded_data_parallel as c11
 from course_utils.grading import release
 from tests.exercise_cells import run_in_process
@@ -357,3 +358,83 @@ def test_adam_wrong_answers_fail(notebook, stem):
         text, error = run_here(exercise_program(notebook, ADAM, (WRONG / f"{stem}.py").read_text()))
     assert error == "CheckFailed", text
     assert re.search(ADAM_WRONG[stem], text), text
+
+
+# ------------------------------------------------------------------------------ the facts the prose states, on gloo
+
+
+def definitions(nb: dict) -> dict:
+    """The notebook's setup cells, its solutions, then its functions, classes, imports and plain assignments (no
+    other cell's calls: nothing here starts a pool)."""
+    ns: dict = {"__name__": "__lesson11__"}
+    for c in code_cells(nb):
+        src = "".join(c["source"])
+        if "setup" in c["metadata"].get("tags", []) or c["metadata"].get("nbgrader", {}).get("solution"):
+            exec(compile(src, "<setup>", "exec"), ns)
+            continue
+        tree = ast.parse(src)
+        keep = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef, ast.Import, ast.ImportFrom))
+                or (isinstance(n, ast.Assign) and all(isinstance(t, ast.Name) for t in n.targets)
+                    and not any(isinstance(x, (ast.Call, ast.Subscript, ast.comprehension))
+                                for x in ast.walk(n.value)))]
+        exec(compile(ast.Module(body=keep, type_ignores=[]), "<notebook>", "exec"), ns)
+    return ns
+
+
+def _every_method(train, census, methods: list[str]) -> dict:
+    """On each rank: what the notebook's `train` and `collectives_of_a_step` give for every method."""
+    return {m: {"train": train(m), "census": census(m)} for m in methods}
+
+
+@pytest.fixture(scope="module")
+def methods_on_gloo(notebook):
+    import os
+
+    ns = definitions(notebook)
+    saved = os.environ.get("TORCH_FR_BUFFER_SIZE")
+    os.environ["TORCH_FR_BUFFER_SIZE"] = "20000"  # as the notebook's imports cell sets it for its pool
+    try:
+        ranks = launch.run(_every_method, ns["train"], ns["collectives_of_a_step"], list(ns["METHODS"]), nproc=2,
+                           backend="gloo", timeout=600)
+    finally:
+        if saved is None:
+            os.environ.pop("TORCH_FR_BUFFER_SIZE")
+        else:
+            os.environ["TORCH_FR_BUFFER_SIZE"] = saved
+    return ns, [ranks[r] for r in range(2)]
+
+
+def test_every_method_gives_one_process_parameters_bit_for_bit_on_two_ranks(methods_on_gloo):
+    ns, ranks = methods_on_gloo
+    for m in ns["METHODS"]:
+        assert all(r[m]["train"]["max_diff"] == 0.0 for r in ranks), m  # the notebook prints "(bit for bit)"
+
+
+def test_bytes_held_are_the_models_and_adams_step_counts(methods_on_gloo):
+    """Section 1 and 4's sentences: 4 + 4 + 8 bytes per parameter, plus a 4-byte step count per parameter tensor;
+    FSDP2 holds ZeRO-3's shares; ZeroRedundancyOptimizer's states are split by whole parameters."""
+    ns, ranks = methods_on_gloo
+    psi = sum(p.numel() for p in ns["make_model"]().parameters())
+    tensors = len(list(ns["make_model"]().parameters()))
+    ddp = ranks[0]["ddp"]["train"]["held"]
+    assert ddp == {"params": 4 * psi, "grads": 4 * psi, "optimizer": 8 * psi + 4 * tensors}
+    for r in ranks:
+        fsdp = r["fsdp2"]["train"]["held"]
+        assert fsdp["params"] == 4 * psi // 2 and fsdp["grads"] == 4 * psi // 2, fsdp  # dims split evenly here
+        assert abs(fsdp["optimizer"] - 8 * psi // 2) <= 4 * tensors, fsdp
+    zero = [r["zero_redundancy"]["train"]["held"]["optimizer"] for r in ranks]
+    assert abs(sum(zero) - 8 * psi) <= 4 * tensors and min(zero) > 0, zero
+
+
+def test_a_steps_collectives_are_what_the_prose_counts(methods_on_gloo):
+    ns, ranks = methods_on_gloo
+    depth = ns["DEPTH"]
+    census = {m: ranks[0][m]["census"] for m in ns["METHODS"]}
+    assert set(census["ddp"]) == {"gloo:all_reduce"}
+    assert census["fsdp2"]["gloo:all_gather"][0] == 2 * depth  # forward and backward, per block
+    assert census["fsdp2"]["gloo:all_reduce"][0] == depth      # a reduce-scatter per block, run as an all-reduce
+    assert set(census["yours"]) == {"gloo:all_gather", "gloo:all_reduce"}  # gloo's reduce-scatter inside
+    assert census["zero_redundancy"]["gloo:broadcast"][0] == len(list(ns["make_model"]().parameters()))
+    psi = sum(p.numel() for p in ns["make_model"]().parameters())
+    sent = {m: ns["sent_in_all"](c, 2) / psi for m, c in census.items()}
+    assert sent["ddp"] == pytest.approx(1.0) and sent["fsdp2"] == pytest.approx(2.0), sent
