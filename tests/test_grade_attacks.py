@@ -217,7 +217,7 @@ def attacked(lab):
         for name, body in attacks.ATTACKS.items():
             lab.attack(f"attack/{name}", stem, body)
         lab.write("attack/honest", stem, PARSED[stem].nb)
-    return lab.grade("attack", "-j", CPU_JOBS)
+    return lab.grade("attack", "-j", CPU_JOBS, timeout=1500)  # 12 minutes alone on the 2-core machine, more under load
 
 
 @pytest.mark.parametrize("stem", PARAMS)
