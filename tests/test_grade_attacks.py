@@ -94,11 +94,7 @@ def indents(master: assemble.Master) -> dict[str, list[str]]:
 
 PARSED = {m.stem: assemble.read_master(m) for m in MASTERS}
 TARGETS = {stem: registered(m) for stem, m in PARSED.items()}
-# Lesson 11's ShardedAdam check launches gloo ranks at three world sizes; under CI's load its eleven attacks took
-# the matrix's one grading run past 25 minutes (the other lessons' took 12). Until its probe is made cheaper against
-# an attack, lesson 11 stays out of the matrix; its wrong answers are tested in its own tests.
-NOT_ATTACKED = {"11_sharded_data_parallel"}
-ATTACKED = [stem for stem, t in TARGETS.items() if t and stem not in NOT_ATTACKED]
+ATTACKED = [stem for stem, t in TARGETS.items() if t]
 # One lesson per kind of probe: the fixture's plain functions, a GPU lesson (its GPU check on a GPU machine), ranks
 # started per case (launch.run), a pool of ranks per world size (launch.Pool), and loops on ranks beside inputs
 # made of rank runs. For what acts on every exercise alike (the grader's limits on loops and floods; tampering with
@@ -106,9 +102,8 @@ ATTACKED = [stem for stem, t in TARGETS.items() if t and stem not in NOT_ATTACKE
 # stand for all; each lesson more cost CI about a minute.
 REPRESENTATIVE = [s for s in ("99_fixture", "01_host_and_device", "05_ranks_and_point_to_point",
                               "07_ring_allreduce", "10_debugging_distributed") if s in ATTACKED]
-PARAMS = [pytest.param(stem, marks=[] if stem in ATTACKED else pytest.mark.skip(
-    reason=f"{stem}: not in the attack matrix (NOT_ATTACKED)" if stem in NOT_ATTACKED else
-    f"{stem}: no exercise with a registered check yet (its lesson still uses old-style check cells)"))
+PARAMS = [pytest.param(stem, marks=[] if TARGETS[stem] else pytest.mark.skip(
+    reason=f"{stem}: no exercise with a registered check yet (its lesson still uses old-style check cells)"))
     for stem, m in PARSED.items() if m.exercises]
 
 
@@ -222,7 +217,7 @@ def attacked(lab):
         for name, body in attacks.ATTACKS.items():
             lab.attack(f"attack/{name}", stem, body)
         lab.write("attack/honest", stem, PARSED[stem].nb)
-    return lab.grade("attack", "-j", CPU_JOBS, timeout=1500)  # 12 minutes alone on the 2-core machine, more under load
+    return lab.grade("attack", "-j", CPU_JOBS)
 
 
 @pytest.mark.parametrize("stem", PARAMS)
