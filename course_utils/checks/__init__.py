@@ -34,11 +34,12 @@ as "skipped: needs a GPU (CPU part passed; GPU part not graded here)".
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import io
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -113,6 +114,20 @@ def gpu_available() -> bool:
     import torch
 
     return torch.cuda.is_available()
+
+
+@contextlib.contextmanager
+def quiet_stderr() -> Iterator[None]:
+    """Keep file descriptor 2 quiet inside (some torch builds' profiler prints lines on stderr at every run)."""
+    saved = os.dup(2)
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
 
 
 def passes(verdict: Callable[..., Any], *args: Any) -> bool:

@@ -19,16 +19,14 @@ lesson's model of bucketed all-reduce during backward, on inputs this module mak
 from __future__ import annotations
 
 import math
-import os
 import random
 import time
-from contextlib import contextmanager
 from typing import Any
 
 import torch
 from torch import nn
 
-from . import Exercise, close, expect, rank_error, register
+from . import Exercise, close, expect, quiet_stderr, rank_error, register
 
 # ---------------------------------------------------------------------------------- ex08_bucketed_dp (CPU)
 
@@ -142,20 +140,6 @@ def _rank_flags(spec: dict, rank: int) -> dict:
     return flags
 
 
-@contextmanager
-def _quiet_stderr():
-    """Some torch builds' profiler prints two lines per run on stderr: keep them out of the check's output."""
-    saved = os.dup(2)
-    null = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(null, 2)
-    try:
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(null)
-
-
 def _grads(model: nn.Module) -> list:
     """Each parameter's .grad as a plain tensor (None stays None; anything else is described)."""
     out: list = []
@@ -186,7 +170,7 @@ def _dp_case(answer: Any, case: dict, seed: int, rank: int) -> dict:
         model.zero_grad(set_to_none=True)
         tl = Timeline(mode="kernels", device="cpu")
         dist.barrier()
-        with _quiet_stderr(), tl.capture():
+        with quiet_stderr(), tl.capture():
             loss = loss_of(model, tokens, targets, marks=marks, **flags)
             t_backward = time.perf_counter_ns()
             loss.backward()
