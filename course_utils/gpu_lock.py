@@ -10,6 +10,10 @@ when their holder dies, however it dies.
 A process that holds the locks sets COURSE_GPU_LOCKS_HELD=1 for its children, which then take none:
 a test that runs the grader would otherwise wait for itself.
 
+A holder writes who it is into the lock file (user, pid, since when, what for), so that someone who has to wait
+(a student on a shared box) is told who holds the GPU and for how long, instead of stalling in silence. The files
+are open to every user (mode 0666 whatever the umask): a lock another user cannot open is a lock nobody can wait on.
+
 GPU ids are CUDA_VISIBLE_DEVICES entries as `visible_gpus()` gives them (CUDA's numbering unless the
 variable names UUIDs): processes that agree on CUDA_DEVICE_ORDER agree on what an id means.
 """
@@ -18,10 +22,13 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import getpass
+import json
 import os
 import re
 import sys
 import tempfile
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,8 +73,36 @@ class Turn:
         self._files.clear()
 
 
-def take(ids: Iterable[str]) -> Turn:
-    """Wait until every GPU in `ids` is free machine-wide, and hold them (a no-op under COURSE_GPU_LOCKS_HELD=1)."""
+def _open(folder: Path, gpu: str) -> int:
+    """The lock file of `gpu`, made readable and writable by every user if this process created it."""
+    path = folder / f"gpu-{re.sub(r'[^A-Za-z0-9_.-]', '_', gpu)}.lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+    with contextlib.suppress(OSError):  # only the file's owner may; the owner made it so already
+        os.fchmod(fd, 0o666)
+    return fd
+
+
+def _whoami() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # a uid with no name (a container, the grader's sandbox)
+        return f"uid {os.getuid()}"
+
+
+def holder(fd: int) -> str:
+    """Who holds the lock file `fd`, as its holder wrote it: "alice (pid 4242, lesson 02) for 35 s"."""
+    try:
+        record = json.loads(os.pread(fd, 4096, 0) or b"{}")
+        for_s = time.time() - float(record["since"])
+        what = f", {record['what']}" if record.get("what") else ""
+        return f"{record['user']} (pid {record['pid']}{what}) for {for_s:.0f} s"
+    except (ValueError, KeyError, TypeError, OSError):
+        return "a process that has not said who it is yet"
+
+
+def take(ids: Iterable[str], what: str = "") -> Turn:
+    """Wait until every GPU in `ids` is free machine-wide, and hold them (a no-op under COURSE_GPU_LOCKS_HELD=1).
+    `what` says what the GPUs are held for, to whoever waits; a wait is announced on stderr with the holder."""
     ids = tuple(sorted(set(ids)))
     turn = Turn(ids)
     if not ids or os.environ.get(HELD_ENV) == "1":
@@ -75,10 +110,17 @@ def take(ids: Iterable[str]) -> Turn:
     folder = lock_dir()
     try:
         for gpu in ids:
-            name = re.sub(r"[^A-Za-z0-9_.-]", "_", gpu)
-            fd = os.open(folder / f"gpu-{name}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+            fd = _open(folder, gpu)
             turn._files.append(fd)
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                print(f"[gpu_lock] GPU {gpu} is in use by {holder(fd)}; waiting for it to be free ...",
+                      file=sys.stderr, flush=True)
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            record = {"user": _whoami(), "pid": os.getpid(), "since": time.time(), "what": what}
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, json.dumps(record).encode(), 0)
     except BaseException:
         turn.release()
         raise
@@ -86,9 +128,9 @@ def take(ids: Iterable[str]) -> Turn:
 
 
 @contextlib.contextmanager
-def holding(ids: Iterable[str]) -> Iterator[Turn]:
+def holding(ids: Iterable[str], what: str = "") -> Iterator[Turn]:
     """Hold the GPUs in `ids` for the block; children started inside take no locks of their own."""
-    turn = take(ids)
+    turn = take(ids, what)
     before = os.environ.get(HELD_ENV)
     os.environ[HELD_ENV] = "1"
     try:

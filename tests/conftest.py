@@ -156,7 +156,7 @@ def pytest_runtest_protocol(item, nextitem):
         return
     from course_utils import gpu_lock
 
-    with gpu_lock.holding(gpu_lock.visible_gpus()):
+    with gpu_lock.holding(gpu_lock.visible_gpus(), f"the test {item.nodeid}"):
         yield
 
 

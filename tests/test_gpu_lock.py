@@ -1,9 +1,10 @@
 """Machine-wide GPU turns: a second process waits for a held GPU, dead holders free it, children of a holder
-take none, and the grader's GPU pool holds the locks while a job has its GPUs."""
+take none, a waiter is told who holds the GPU, and the grader's GPU pool holds the locks while a job has its GPUs."""
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -27,16 +28,17 @@ def lock_dir(tmp_path, monkeypatch):
     return tmp_path
 
 
-def _child_takes(ids: list[str], hold_s: float = 0.0) -> subprocess.Popen:
-    """A process that takes `ids`, prints 'took <time>', holds them `hold_s` seconds and exits."""
+def _child_takes(ids: list[str], hold_s: float = 0.0, what: str = "") -> subprocess.Popen:
+    """A process that takes `ids`, prints 'took <time>', holds them `hold_s` seconds and exits (its stderr piped)."""
     code = textwrap.dedent(f"""
         import time
         from course_utils import gpu_lock
-        t = gpu_lock.take({ids!r})
+        t = gpu_lock.take({ids!r}, {what!r})
         print("took", time.time(), flush=True)
         time.sleep({hold_s})
     """)
-    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=os.environ.copy())
+    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=os.environ.copy())
 
 
 def test_a_held_gpu_makes_another_process_wait_until_it_is_released():
@@ -48,6 +50,38 @@ def test_a_held_gpu_makes_another_process_wait_until_it_is_released():
     turn.release()
     out, _ = child.communicate(timeout=30)
     assert float(out.split()[1]) >= released
+
+
+def test_who_waits_is_told_who_holds_the_gpu_and_for_how_long():
+    holder = _child_takes(["0"], hold_s=600, what="lesson 02's timing cell")
+    try:
+        assert holder.stdout.readline().startswith("took")
+        time.sleep(1.1)
+        waiter = _child_takes(["0"])
+        time.sleep(1.0)
+        assert waiter.poll() is None
+        holder.kill()
+        holder.wait()
+        out, err = waiter.communicate(timeout=30)
+        assert out.startswith("took")
+        said = re.search(r"GPU 0 is in use by (\S+) \(pid (\d+), lesson 02's timing cell\) for (\d+) s; waiting", err)
+        assert said, err
+        assert said[1] == gpu_lock._whoami() and int(said[2]) == holder.pid and int(said[3]) >= 1
+    finally:
+        holder.kill()
+        holder.wait()
+    gpu_lock.take(["0"]).release()  # a free GPU is taken without a word
+    quiet = _child_takes(["0"])
+    assert quiet.communicate(timeout=30)[1] == ""
+
+
+def test_lock_files_are_open_to_every_user_whatever_the_umask(lock_dir):
+    old = os.umask(0o077)
+    try:
+        gpu_lock.take(["0", "1"]).release()
+    finally:
+        os.umask(old)
+    assert {p.name: p.stat().st_mode & 0o777 for p in lock_dir.iterdir()} == {"gpu-0.lock": 0o666, "gpu-1.lock": 0o666}
 
 
 def test_other_gpus_are_not_waited_for():

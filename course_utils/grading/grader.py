@@ -78,7 +78,7 @@ class GpuPool:
             taken, self._free = self._free[:n], self._free[n:]
         devices = ",".join(taken)
         try:
-            turn = gpu_lock.take(taken)
+            turn = gpu_lock.take(taken, "the course's grader")
         except BaseException:
             self.give(devices)
             raise
