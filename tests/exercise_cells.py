@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import contextlib
 import io
-import re
+import json
 from pathlib import Path
+
+import nbformat
 
 from course_utils.grading import release
 from tests.conftest import retrying_kernel_start
@@ -18,7 +20,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def exercise_cells(nb: dict, ex: str, replacement: str | None) -> list[str]:
-    """The setup cells, then the exercise's solution cell(s) (optionally with a wrong answer) and check cell."""
+    """The setup cells, then the exercise's solution cell(s) (optionally with a wrong answer, substituted as the
+    grader substitutes answers) and check cell."""
+    if replacement is not None:
+        nb = release.substitute(nbformat.reads(json.dumps(nb), as_version=4), {ex: replacement}, ex)
     cells = [c for c in nb["cells"] if c["cell_type"] == "code"]
     src = ["".join(c["source"]) for c in cells]
     setup = [s for c, s in zip(cells, src, strict=True) if "setup" in c["metadata"].get("tags", [])]
@@ -26,17 +31,7 @@ def exercise_cells(nb: dict, ex: str, replacement: str | None) -> list[str]:
     check = grade.index(ex)
     sol = [i for i, g in enumerate(grade) if g == f"{ex}_solution"]
     assert sol and all(i < check for i in sol), "solution cell(s) must come before the check cell"
-    body = []
-    # as the grader substitutes answers: a `### NEXT SOLUTION` line moves on to the next solution block
-    parts = re.split(rf"^[ \t]*{re.escape(release.NEXT_BLOCK)}[ \t]*\n", replacement, flags=re.M) if replacement \
-        is not None else []
-    for i in sol:
-        s = src[i]
-        if replacement is not None:
-            n = len(release.solution_blocks(s, f"{ex}, cell {i}"))
-            s, parts = release.replace_blocks(s, [p.rstrip("\n") for p in parts[:n]]), parts[n:]
-        body.append(s)
-    return setup + body + [src[check]]
+    return setup + [src[i] for i in sol] + [src[check]]
 
 
 def run_cells(sources: list[str]) -> tuple[str, str | None]:
