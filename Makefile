@@ -13,7 +13,7 @@ else
 SETUP :=
 endif
 
-.PHONY: lab lab-instructor check reset-notebook test test-gpu test-gpu-tests test-gpu-tests-1 test-gpu-tests-2 test-gpu-tests-3 test-gpu-tests-4 test-gpu-tests-5 test-gpu-notebooks test-gpu-notebooks-1 test-gpu-notebooks-2 lint unit notebooks clean
+.PHONY: lab lab-instructor check reset-notebook collect grade-class return test test-gpu test-gpu-tests test-gpu-tests-1 test-gpu-tests-2 test-gpu-tests-3 test-gpu-tests-4 test-gpu-tests-5 test-gpu-notebooks test-gpu-notebooks-1 test-gpu-notebooks-2 lint unit notebooks clean
 
 $(VENV)/.installed: pyproject.toml launch/setup_env.sh
 	VENV=$(VENV) bash launch/setup_env.sh
@@ -39,6 +39,22 @@ check: $(SETUP)
 reset-notebook: $(SETUP)
 	@test -n "$(NB)" || { echo "usage: make reset-notebook NB=02_cuda_streams" >&2; exit 2; }
 	$(PY) -m course_utils.workspace --workspace $(LAB_WORKSPACE) reset $(NB)
+
+# Instructors with a class on one box, each student a system user with a workspace in their home (docs/classroom.md):
+# `make collect` copies every student's lessons into submissions/, `make grade-class` grades them into grades/,
+# `make return` puts each student's scores and feedback notebooks in their WORKSPACE/feedback/ (0700, theirs).
+ROSTER ?= roster.txt
+WORKSPACE_TEMPLATE ?= ~{user}/workspace
+GRADE_JOBS ?= 4
+CLASS_ARGS = --roster $(ROSTER) --workspace-template '$(WORKSPACE_TEMPLATE)'
+collect: $(SETUP)
+	$(PY) -m course_utils.classroom collect $(CLASS_ARGS)
+
+grade-class: $(SETUP)
+	$(PY) -m course_utils.classroom grade $(CLASS_ARGS) --master-dir $(MASTER_DIR) -j $(GRADE_JOBS)
+
+return: $(SETUP)
+	$(PY) -m course_utils.classroom return $(CLASS_ARGS)
 
 lint: $(SETUP)
 	$(PY) -m ruff check .

@@ -28,8 +28,10 @@ import nbformat
 from .grading.release import ReleaseError, dumps, student_version
 
 LINKS = ("launch", "benchmarks")  # repository folders that notebooks reach as ../launch, ../benchmarks
+DEFAULT = "workspace"  # `make lab`'s LAB_WORKSPACE, relative to the repository
+NOTEBOOKS = "notebooks"  # WORKSPACE/notebooks: the lessons the student edits
 
-__all__ = ["LINKS", "lesson_name", "reset", "sync"]
+__all__ = ["DEFAULT", "LINKS", "NOTEBOOKS", "lesson_name", "reset", "sync"]
 
 
 def _repo_of(masters: Path) -> Path:
@@ -58,7 +60,7 @@ def _link(workspace: Path, repo: Path) -> None:
         link.symlink_to(want, target_is_directory=True)
 
 
-def sync(masters: str | Path = "notebooks", workspace: str | Path = "workspace") -> dict[str, str]:
+def sync(masters: str | Path = "notebooks", workspace: str | Path = DEFAULT) -> dict[str, str]:
     """Write the student version of every master missing from WORKSPACE/notebooks; keep every existing one.
 
     Returns {notebook file name: "created" | "kept"}."""
@@ -66,7 +68,7 @@ def sync(masters: str | Path = "notebooks", workspace: str | Path = "workspace")
     lessons = sorted(masters.glob("*.ipynb"))
     if not lessons:
         raise ReleaseError(f"no notebooks in {masters}")
-    folder = workspace / "notebooks"
+    folder = workspace / NOTEBOOKS
     folder.mkdir(parents=True, exist_ok=True)
     _link(workspace, _repo_of(masters))
     done = {}
@@ -92,13 +94,13 @@ def lesson_name(name: str, masters: str | Path = "notebooks") -> str:
 
 
 def reset(name: str, masters: str | Path = "notebooks",
-          workspace: str | Path = "workspace") -> tuple[Path, Path | None]:
+          workspace: str | Path = DEFAULT) -> tuple[Path, Path | None]:
     """Replace one lesson of the workspace by a fresh student version. The old copy (if any) is moved to
     WORKSPACE/backups/. Returns (the fresh notebook, the backup or None)."""
     masters, workspace = Path(masters), Path(workspace)
     file = lesson_name(name, masters)
     sync(masters, workspace)  # the workspace exists, with every lesson
-    target = workspace / "notebooks" / file
+    target = workspace / NOTEBOOKS / file
     backup = None
     if target.exists():
         backups = workspace / "backups"
@@ -116,7 +118,7 @@ def reset(name: str, masters: str | Path = "notebooks",
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m course_utils.workspace", description=__doc__.split("\n\n")[0])
     parser.add_argument("--masters", default="notebooks", help="the instructor masters (default: notebooks)")
-    parser.add_argument("--workspace", default=os.environ.get("COURSE_WORKSPACE", "workspace"),
+    parser.add_argument("--workspace", default=os.environ.get("COURSE_WORKSPACE", DEFAULT),
                         help="the student's workspace (default: $COURSE_WORKSPACE or workspace)")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("sync", help="create the workspace's missing lessons; existing ones are kept")
@@ -128,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
             done = sync(args.masters, args.workspace)
             new = [n for n, what in done.items() if what == "created"]
             kept = len(done) - len(new)
-            print(f"workspace {Path(args.workspace) / 'notebooks'}: "
+            print(f"workspace {Path(args.workspace) / NOTEBOOKS}: "
                   + (f"new: {', '.join(new)}" if new else "no new lessons")
                   + (f"; {kept} kept as you left them" if kept else ""))
         else:

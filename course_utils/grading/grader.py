@@ -330,10 +330,15 @@ class Grader:
         finally:
             if self.n_gpus:
                 self.gpus.give(gpu)
-        out = Path(self.options.executed_dir) / sub.label.lstrip(os.sep).replace(os.sep, "__")
+        out = executed_path(self.options.executed_dir, sub.label)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(release.dumps(nb), encoding="utf-8")
 
+
+
+def executed_path(executed_dir: str | os.PathLike, submission: str) -> Path:
+    """Where --executed-dir keeps the feedback notebook of `submission` (as the CSV's `submission` column names it)."""
+    return Path(executed_dir) / submission.lstrip(os.sep).replace(os.sep, "__")
 
 
 def _label(path: Path) -> str:
