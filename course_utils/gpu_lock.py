@@ -32,6 +32,7 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 LOCK_DIR_ENV = "COURSE_GPU_LOCK_DIR"
 HELD_ENV = "COURSE_GPU_LOCKS_HELD"
@@ -141,3 +142,41 @@ def holding(ids: Iterable[str], what: str = "") -> Iterator[Turn]:
         else:
             os.environ[HELD_ENV] = before
         turn.release()
+
+
+# ------------------------------------------------------------------------------------- turns for a notebook's cells
+
+def load_ipython_extension(ipython: Any) -> None:
+    """`%load_ext course_utils.gpu_lock` (or a kernel started with `--ext=course_utils.gpu_lock`, as the class's
+    hub starts students' kernels): every cell holds this kernel's GPUs while it runs, so on a shared box no other
+    student's timing cell, NCCL launch or grader runs on them meanwhile; a cell that has to wait says who holds them.
+    Ranks a cell launches take no locks of their own (they run inside its turn)."""
+    turns = _CellTurns(ipython)
+    ipython.events.register("pre_run_cell", turns.before)
+    ipython.events.register("post_run_cell", turns.after)
+    ipython.user_ns.setdefault("_gpu_turns", turns)  # so `unload` finds it
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    turns = ipython.user_ns.pop("_gpu_turns", None)
+    if turns is not None:
+        turns.after()
+        ipython.events.unregister("pre_run_cell", turns.before)
+        ipython.events.unregister("post_run_cell", turns.after)
+
+
+@dataclass
+class _CellTurns:
+    ipython: Any
+    _held: contextlib.ExitStack | None = None
+
+    def before(self, info: Any = None) -> None:
+        if self._held is None:
+            stack = contextlib.ExitStack()
+            stack.enter_context(holding(visible_gpus(), f"a notebook cell of {_whoami()}"))
+            self._held = stack
+
+    def after(self, result: Any = None) -> None:
+        held, self._held = self._held, None
+        if held is not None:
+            held.close()

@@ -142,3 +142,46 @@ def test_probes_cannot_reach_the_gpu_locks(lock_dir):
     with grading.Grader(grading.Options(gpus=("0",), checks_modules=(str(FIXTURE / "fixture_checks.py"),))) as g:
         got = grade_answers(FIXTURE / "99_fixture.ipynb", {"ex99_add": answer, "ex99_mean": None}, grader=g).by_id()
     assert got["ex99_add"].status == "passed", got["ex99_add"].message
+
+
+def test_a_notebook_kernel_with_the_extension_holds_its_gpus_for_each_cell(lock_dir):
+    """The hub starts students' kernels with `--ext=course_utils.gpu_lock`: a cell holds the kernel's GPUs while it
+    runs (another process waits), frees them after, and a cell that has to wait prints who holds them."""
+    from jupyter_client.manager import start_new_kernel
+
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "0", gpu_lock.LOCK_DIR_ENV: str(lock_dir)}
+    env.pop(gpu_lock.HELD_ENV, None)
+    km, kc = start_new_kernel(extra_arguments=["--ext=course_utils.gpu_lock"], env=env)
+    try:
+        def run(code: str, timeout: float = 60) -> str:
+            """Run `code` after whatever was sent before it; all the output until it is done."""
+            out = []
+            sent = kc.execute(code)
+            while True:
+                msg = kc.get_iopub_msg(timeout=timeout)
+                if msg["msg_type"] == "stream":
+                    out.append(msg["content"]["text"])
+                if msg["msg_type"] == "error":
+                    raise AssertionError(msg["content"]["traceback"])
+                if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle" \
+                        and msg["parent_header"].get("msg_id") == sent:
+                    return "".join(out)
+
+        assert run("import os; print(os.environ.get('COURSE_GPU_LOCKS_HELD'))").strip() == "1"
+        kc.execute("import time; print('start', flush=True); time.sleep(3)")
+        time.sleep(1.5)  # the cell is running
+        t0 = time.monotonic()
+        gpu_lock.take(["0"]).release()
+        assert time.monotonic() - t0 > 0.5, "another process took GPU 0 while a cell of the kernel ran"
+        run("pass")
+        with gpu_lock.holding(["0"], "lesson 02's timing cell"):
+            kc.execute("print('ran')")
+            time.sleep(1.5)
+        said = run("pass")
+        assert "ran" in said and "GPU 0 is in use by" in said and "lesson 02's timing cell" in said, said
+        t0 = time.monotonic()
+        gpu_lock.take(["0"]).release()  # the idle kernel holds nothing
+        assert time.monotonic() - t0 < 0.5
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
