@@ -27,12 +27,12 @@ lab: $(SETUP)
 lab-instructor: $(SETUP)
 	bash launch/start_lab.sh $(PY) $(LAB_PORT) instructor
 
-# A class on one box (docs/classroom.md), as root: `sudo make students ROSTER=students.txt ADMINS="ada"` makes the
+# A class on one box (docs/classroom.md), as root: `sudo make students ROSTER=roster.txt ADMINS="ada"` makes the
 # accounts (random passwords in $(HUB_DIR)/state/initial-passwords.txt), `sudo make hub ROSTER=... ADMINS=...` serves
 # one JupyterLab per rostered student (their own workspace, as their own account) and the masters to instructors.
 # HUB_AUTH=firstuse: each student picks a password at the first login. HUB_IP=0.0.0.0 opens it to the network
 # (with HUB_SSL_CERT/HUB_SSL_KEY); the default is this machine only (students tunnel: ssh -L 8000:127.0.0.1:8000).
-ROSTER    ?= students.txt
+ROSTER    ?= roster.txt
 ADMINS    ?=
 HUB_AUTH  ?= pam
 HUB_IP    ?= 127.0.0.1

@@ -101,13 +101,13 @@ def lesson_name(name: str, masters: str | Path = "notebooks") -> str:
     return hits[0]
 
 
-def reset(name: str, masters: str | Path = "notebooks",
-          workspace: str | Path = "workspace") -> tuple[Path, Path | None]:
+def reset(name: str, masters: str | Path = "notebooks", workspace: str | Path = "workspace",
+          released: bool = False, repo: str | Path | None = None) -> tuple[Path, Path | None]:
     """Replace one lesson of the workspace by a fresh student version. The old copy (if any) is moved to
-    WORKSPACE/backups/. Returns (the fresh notebook, the backup or None)."""
+    WORKSPACE/backups/. Returns (the fresh notebook, the backup or None). `released`, `repo`: as for sync."""
     masters, workspace = Path(masters), Path(workspace)
     file = lesson_name(name, masters)
-    sync(masters, workspace)  # the workspace exists, with every lesson
+    sync(masters, workspace, released, repo)  # the workspace exists, with every lesson
     target = workspace / "notebooks" / file
     backup = None
     if target.exists():
@@ -119,7 +119,7 @@ def reset(name: str, masters: str | Path = "notebooks",
             backup = backups / f"{target.stem}.{time.strftime('%Y%m%d-%H%M%S')}-{n}.ipynb"
             n += 1
         os.replace(target, backup)
-    _write_student_version(masters / file, target)
+    _write_student_version(masters / file, target, released)
     return target, backup
 
 
@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
                   + (f"; {kept} kept as you left them" if kept else ""))
         else:
             for name in args.lessons:
-                fresh, backup = reset(name, args.masters, args.workspace)
+                fresh, backup = reset(name, args.masters, args.workspace, args.released, args.repo)
                 print(f"reset {fresh}" + (f" (your previous copy: {backup})" if backup else ""))
     except (ValueError, OSError) as e:  # ReleaseError is a ValueError
         print(f"error: {e}", file=sys.stderr)

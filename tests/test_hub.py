@@ -136,14 +136,14 @@ def make_accounts(tmp: Path, repo: Path, py: str, names: dict[str, str]) -> dict
 def own_work(name: str) -> str:
     """A lesson that student `name` already worked on, in their workspace, as they would have saved it."""
     home = Path(pwd.getpwnam(name).pw_dir)
-    folder = home / "course-workspace" / "notebooks"
+    folder = home / "workspace" / "notebooks"
     folder.mkdir(parents=True)
     mine = "# my own work, never to be overwritten"
     nb = {"cells": [{"cell_type": "code", "execution_count": None, "id": "c1", "metadata": {}, "outputs": [],
                      "source": mine}], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
     (folder / "00_start_here.ipynb").write_text(json.dumps(nb))
     account = pwd.getpwnam(name)
-    for path in (home / "course-workspace", folder, folder / "00_start_here.ipynb"):
+    for path in (home / "workspace", folder, folder / "00_start_here.ipynb"):
         os.chown(path, account.pw_uid, account.pw_gid)
     return mine
 
@@ -215,6 +215,40 @@ def open_lab(hub: Hub, session, name: str) -> None:
             return
         assert time.monotonic() < deadline, f"{name}'s server did not answer: {r.status_code} {r.url}"
         time.sleep(1)
+
+
+def browser_login(hub: Hub, name: str, password: str):
+    """Log in with chromium (Debian's, through playwright, as tests/test_browser.py drives it): the login form, the
+    page that waits for the server, then JupyterLab with the workspace's lessons. Returns a requests session with
+    the browser's cookies; None where there is no chromium or playwright (then the form is posted over HTTP)."""
+    import requests
+
+    browser_path = shutil.which("chromium") or shutil.which("chromium-browser")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        browser_path = None
+    if browser_path is None:
+        if os.environ.get("CI"):
+            pytest.fail("chromium and playwright must be there under CI (make test's set-up installs chromium)")
+        return None
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=browser_path, args=["--no-sandbox", "--disable-gpu"])
+        try:
+            page = browser.new_page()
+            page.goto(f"{hub.base}/hub/login")
+            page.fill("#username_input", name)
+            page.fill("#password_input", password)
+            page.click("#login_submit")
+            page.wait_for_url(re.compile(f"/user/{name}/lab"), timeout=START_TIMEOUT * 1000)
+            page.locator(".jp-DirListing-item", has_text="07_ring_allreduce.ipynb").first.wait_for(timeout=60_000)
+            cookies = page.context.cookies()
+        finally:
+            browser.close()
+    session = requests.Session()
+    for c in cookies:
+        session.cookies.set(c["name"], c["value"], domain=c["domain"], path=c["path"])
+    return session
 
 
 def contents(hub: Hub, session, name: str, path: str = "") -> dict:
@@ -302,10 +336,12 @@ def test_only_the_roster_and_instructors_log_in(hub):
     names, pw = hub.names, hub.passwords
     assert login(hub, names["s1"], pw["s1"] + "x") is None, "a wrong password was accepted"
     assert login(hub, names["outsider"], pw["outsider"]) is None, "an account not on the roster logged in"
-    for role in ("s1", "s2", "teacher"):
+    for role in ("s1", "teacher"):  # over HTTP: their servers start while the browser logs in as s2
         hub.sessions[role] = login(hub, names[role], pw[role])
         assert hub.sessions[role] is not None, f"{role} could not log in:\n{hub.log.read_text()[-3000:]}"
-    for role in ("s1", "s2", "teacher"):  # the three servers start side by side
+    hub.sessions["s2"] = browser_login(hub, names["s2"], pw["s2"]) or login(hub, names["s2"], pw["s2"])
+    assert hub.sessions["s2"] is not None, f"s2 could not log in:\n{hub.log.read_text()[-3000:]}"
+    for role in ("s1", "s2", "teacher"):
         open_lab(hub, hub.sessions[role], names[role])
 
 
@@ -317,7 +353,7 @@ def test_each_student_has_a_server_of_their_own_on_their_own_workspace(hub):
         name = names[role]
         account = pwd.getpwnam(name)
         assert running[name]["uid"] == account.pw_uid, f"{name}'s server runs as uid {running[name]['uid']}"
-        workspace = Path(account.pw_dir) / "course-workspace"
+        workspace = Path(account.pw_dir) / "workspace"
         assert running[name]["root_dir"] == str(workspace / "notebooks")
         lessons = sorted(c["name"] for c in listing[role]["content"] if c["name"].endswith(".ipynb"))
         assert lessons == sorted(p.name for p in (ROOT / "notebooks").glob("*.ipynb"))
@@ -349,7 +385,7 @@ def test_a_students_processes_read_neither_the_masters_nor_the_tests_nor_another
     env = servers()[names["s1"]]["env"]  # what the student's kernels and terminals get
     targets = {"masters": repo / "notebooks", "a master": repo / "notebooks" / "07_ring_allreduce.ipynb",
                "tests": repo / "tests" / "wrong_answer.py", "other home": Path(pwd.getpwnam(names["s2"]).pw_dir),
-               "other workspace": Path(pwd.getpwnam(names["s2"]).pw_dir) / "course-workspace" / "notebooks",
+               "other workspace": Path(pwd.getpwnam(names["s2"]).pw_dir) / "workspace" / "notebooks",
                "hub state": repo / ".hub" / "state", "released": repo / ".hub" / "release" / "notebooks",
                "own workspace": Path(env["JUPYTERHUB_ROOT_DIR"])}
     res = subprocess.run(["runuser", "-u", names["s1"], "--", hub.py, "-c", PROBE,

@@ -14,7 +14,7 @@ import pytest
 from traitlets.config.loader import PyFileConfigLoader
 
 from course_utils.grading.release import BEGIN, STUB, release
-from course_utils.workspace import LINKS, sync
+from course_utils.workspace import LINKS, reset, sync
 
 ROOT = Path(__file__).resolve().parents[1]
 HUB = ROOT / "launch" / "hub"
@@ -43,7 +43,7 @@ def test_settings_come_from_make_with_its_defaults(tmp_path):
     assert s.roster == tmp_path / "class.txt" and s.port == 9000 and s.ip == "127.0.0.1"
     assert s.state == tmp_path / ".hub" / "state" and s.release == tmp_path / ".hub" / "release" / "notebooks"
     assert s.proxy == tmp_path / ".hub" / "proxy" / "node_modules" / ".bin" / "configurable-http-proxy"
-    assert s.auth == "pam" and s.group == "course-instructors" and s.workspace == "course-workspace"
+    assert s.auth == "pam" and s.group == "course-instructors" and s.workspace == "workspace"
 
 
 def load_config(tmp_path: Path, monkeypatch, auth: str):
@@ -98,6 +98,8 @@ def test_a_workspace_made_from_released_lessons_links_to_the_repository(tmp_path
     mine.write_text(text.replace(STUB, "pass  # mine", 1))
     assert sync(released, ws, released=True, repo=ROOT)["07_ring_allreduce.ipynb"] == "kept"
     assert "pass  # mine" in mine.read_text()
+    fresh, backup = reset("07", released, ws, released=True, repo=ROOT)  # a student of the hub starts one over
+    assert fresh.read_text() == text and "pass  # mine" in backup.read_text()
     settings = from_env({"COURSE_HUB_REPO": str(ROOT)})
     assert sync_command(settings, ws)[-4:] == ["--released", "--repo", str(ROOT), "sync"]
 

@@ -1,4 +1,4 @@
-"""Creates the system accounts of a class from its roster (as root): `make students ROSTER=students.txt`.
+"""Creates the system accounts of a class from its roster (as root): `make students ROSTER=roster.txt`.
 
     python launch/hub/accounts.py ROSTER [--admins "ada grace"] [--passwords FILE] [--no-passwords]
 

@@ -1,8 +1,8 @@
-"""JupyterHub for a class on one GPU box: `sudo make hub ROSTER=students.txt ADMINS="ada"` (docs/classroom.md).
+"""JupyterHub for a class on one GPU box: `sudo make hub ROSTER=roster.txt ADMINS="ada"` (docs/classroom.md).
 
 Settings come from the COURSE_HUB_* variables that `make hub` sets (launch/hub/settings.py). Each user logs in
 with their system account and gets a JupyterLab of their own, run as that account (LocalProcessSpawner):
-students on their own workspace (~/course-workspace/notebooks), instructors (admins) on the masters in notebooks/.
+students on their own workspace (~/workspace/notebooks), instructors (admins) on the masters in notebooks/.
 Only the roster's students and the instructors may log in. Files students must not read (masters, tests, git
 history) are closed to them by launch/hub/layout.py, which start_hub.sh runs first.
 

@@ -51,7 +51,7 @@ def from_env(env: dict[str, str] | None = None) -> Settings:
     proxy = env.get("COURSE_HUB_PROXY") or str(hub_dir / "proxy" / "node_modules" / ".bin" / "configurable-http-proxy")
     return Settings(
         repo=repo,
-        roster=_path(env.get("COURSE_HUB_ROSTER", "students.txt"), repo),
+        roster=_path(env.get("COURSE_HUB_ROSTER", "roster.txt"), repo),
         admins=env.get("COURSE_HUB_ADMINS", ""),
         ip=env.get("COURSE_HUB_IP", "127.0.0.1"),
         port=int(env.get("COURSE_HUB_PORT", "8000")),
@@ -59,7 +59,7 @@ def from_env(env: dict[str, str] | None = None) -> Settings:
         proxy=_path(proxy, repo),
         auth=env.get("COURSE_HUB_AUTH", "pam"),
         group=env.get("COURSE_HUB_GROUP", "course-instructors"),
-        workspace=env.get("COURSE_HUB_WORKSPACE", "course-workspace"),
+        workspace=env.get("COURSE_HUB_WORKSPACE", "workspace"),
         ssl_cert=env.get("COURSE_HUB_SSL_CERT", ""),
         ssl_key=env.get("COURSE_HUB_SSL_KEY", ""),
     )

@@ -1,6 +1,6 @@
 """What the hub does before starting a user's server: the folder it serves, and a student's workspace.
 
-A student's server serves ~/WORKSPACE/notebooks (default ~/course-workspace), their own copies of the lessons,
+A student's server serves ~/WORKSPACE/notebooks (default ~/workspace), their own copies of the lessons,
 made from the released student versions by `course_utils.workspace sync --released`, run as the student (so
 every file is theirs, and nothing the student placed in their home can make root write elsewhere). New lessons are
 added at each start; a lesson already there is never overwritten. An instructor's (admin's) server serves the
