@@ -12,7 +12,7 @@ and the copy are removed afterwards.
 
 Needs root, useradd/chpasswd/userdel/runuser, PAM (pamela), and a Python that other accounts may run: where this
 environment's interpreter lies under a folder closed to others (pyenv under /root), a venv of the system's Python
-of the same version is made that reads this environment's packages (the hub checks the same, see layout.py).
+of the same version is made that reads this environment's packages (the hub checks the same, see hub_layout.py).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "launch" / "hub"))
 
-from layout import not_open_to_all  # noqa: E402
+from hub_layout import not_open_to_all  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600), pytest.mark.ranks]
 

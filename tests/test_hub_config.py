@@ -20,10 +20,10 @@ ROOT = Path(__file__).resolve().parents[1]
 HUB = ROOT / "launch" / "hub"
 sys.path.insert(0, str(HUB))
 
-from layout import not_open_to_all  # noqa: E402
-from roster import RosterError, parse_admins, parse_names, read_roster  # noqa: E402
-from settings import from_env  # noqa: E402
-from spawn import sync_command  # noqa: E402
+from hub_layout import not_open_to_all  # noqa: E402
+from hub_roster import RosterError, parse_admins, parse_names, read_roster  # noqa: E402
+from hub_settings import from_env  # noqa: E402
+from hub_spawn import sync_command  # noqa: E402
 
 
 def test_the_roster_reads_one_name_a_line_with_comments():

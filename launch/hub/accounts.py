@@ -21,8 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from roster import RosterError, parse_admins, read_roster  # noqa: E402  (this folder is not a package)
-from settings import from_env  # noqa: E402
+from hub_roster import RosterError, parse_admins, read_roster  # noqa: E402  (this folder is not a package)
+from hub_settings import from_env  # noqa: E402
 
 
 def create(names: list[str], passwords: bool = True) -> dict[str, str | None]:

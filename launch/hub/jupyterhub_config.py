@@ -1,10 +1,10 @@
 """JupyterHub for a class on one GPU box: `sudo make hub ROSTER=roster.txt ADMINS="ada"` (docs/classroom.md).
 
-Settings come from the COURSE_HUB_* variables that `make hub` sets (launch/hub/settings.py). Each user logs in
+Settings come from the COURSE_HUB_* variables that `make hub` sets (launch/hub/hub_settings.py). Each user logs in
 with their system account and gets a JupyterLab of their own, run as that account (LocalProcessSpawner):
 students on their own workspace (~/workspace/notebooks), instructors (admins) on the masters in notebooks/.
 Only the roster's students and the instructors may log in. Files students must not read (masters, tests, git
-history) are closed to them by launch/hub/layout.py, which start_hub.sh runs first.
+history) are closed to them by launch/hub/hub_layout.py, which start_hub.sh runs first.
 
 Authenticators (COURSE_HUB_AUTH, make's HUB_AUTH):
 - pam (default): system passwords, for a lab machine whose students have accounts (make students sets them).
@@ -21,9 +21,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from roster import parse_admins, read_roster  # noqa: E402  (this folder is not a package)
-from settings import from_env  # noqa: E402
-from spawn import pre_spawn_hook, server_env  # noqa: E402
+from hub_roster import parse_admins, read_roster  # noqa: E402  (this folder is not a package)
+from hub_settings import from_env  # noqa: E402
+from hub_spawn import pre_spawn_hook, server_env  # noqa: E402
 
 c = get_config()  # noqa: F821  (JupyterHub's config loader provides it)
 settings = from_env()
@@ -38,7 +38,7 @@ c.ConfigurableHTTPProxy.command = [str(settings.proxy)]
 if settings.ssl_cert:
     c.JupyterHub.ssl_cert, c.JupyterHub.ssl_key = settings.ssl_cert, settings.ssl_key
 
-# ---- state, root's alone (layout.py makes HUB_DIR/state 0700)
+# ---- state, root's alone (hub_layout.py makes HUB_DIR/state 0700)
 c.JupyterHub.db_url = f"sqlite:///{settings.state / 'jupyterhub.sqlite'}"
 c.JupyterHub.cookie_secret_file = str(settings.state / "jupyterhub_cookie_secret")
 c.JupyterHub.pid_file = str(settings.state / "jupyterhub.pid")
@@ -64,7 +64,7 @@ c.Authenticator.allow_existing_users = False  # a student taken off the roster c
 # ---- one JupyterLab per user, as that user
 c.JupyterHub.spawner_class = "localprocess"
 # The hub's own Python (make's PY): students' servers and kernels import course_utils and torch from it, so it
-# and its interpreter must be readable by all (layout.py checks; a Python under /root is not).
+# and its interpreter must be readable by all (hub_layout.py checks; a Python under /root is not).
 c.Spawner.cmd = [sys.executable, "-m", "jupyterhub.singleuser"]
 c.Spawner.default_url = "/lab"
 c.Spawner.environment = server_env(settings)

@@ -15,7 +15,7 @@ import pwd
 import sys
 from pathlib import Path
 
-from settings import Settings
+from hub_settings import Settings
 
 SYNC_TIMEOUT = 120  # s; making a workspace takes a second or two, more on a loaded 2-core machine
 

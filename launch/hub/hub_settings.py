@@ -1,6 +1,6 @@
 """The hub's settings, read from the COURSE_HUB_* variables that `make hub` sets (Makefile: ROSTER, ADMINS, ...).
 
-One place for both readers: layout.py (run as root before the hub starts) and jupyterhub_config.py.
+One place for both readers: hub_layout.py (run as root before the hub starts) and jupyterhub_config.py.
 Relative paths are taken from the repository's root, where `make hub` runs.
 """
 

@@ -1,6 +1,6 @@
 """The permission layout of a class on one box, made as root by `make hub` before the hub starts.
 
-    python launch/hub/layout.py        (start_hub.sh runs it with the COURSE_HUB_* settings)
+    python launch/hub/hub_layout.py        (start_hub.sh runs it with the COURSE_HUB_* settings)
 
 Students run code as their own accounts on the instructor's machine, so the file modes are the wall:
 - notebooks/ (the masters: solutions), tests/ (wrong answers) and the git directory (every past master) belong
@@ -26,8 +26,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from roster import parse_admins, read_roster  # noqa: E402  (this folder is not a package)
-from settings import Settings, from_env  # noqa: E402
+from hub_roster import parse_admins, read_roster  # noqa: E402  (this folder is not a package)
+from hub_settings import Settings, from_env  # noqa: E402
 
 
 def ensure_group(name: str, members: list[str]) -> int:
