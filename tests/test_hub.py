@@ -116,15 +116,14 @@ def copy_repo(dest: Path) -> Path:
 
 
 def make_accounts(tmp: Path, repo: Path, py: str, names: dict[str, str]) -> dict[str, str]:
-    """Two students and an instructor from a roster (accounts.py: useradd, chpasswd), and one account that is not
-    on the roster. Returns {role: password}."""
+    """Two students and an instructor from a roster (`make students`: useradd, chpasswd), and one account that is
+    not on the roster. Returns {role: password}."""
     roster = tmp / "students.txt"
     roster.write_text(f"# a test class\n{names['s1']}\n\n{names['s2']}   # the second student\n")
-    passwords = tmp / "passwords.txt"
-    res = subprocess.run([py, "launch/hub/accounts.py", str(roster), "--admins", names["teacher"],
-                          "--passwords", str(passwords)], cwd=repo, capture_output=True, text=True, timeout=120,
-                         env=dict(os.environ, PYTHONPATH=str(repo)))
+    res = subprocess.run(["make", "students", f"PY={py}", f"ROSTER={roster}", f"ADMINS={names['teacher']}"],
+                         cwd=repo, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stdout + res.stderr
+    passwords = repo / ".hub" / "state" / "initial-passwords.txt"
     by_name = dict(line.split() for line in passwords.read_text().splitlines())
     assert oct(os.stat(passwords).st_mode & 0o777) == "0o600"
     outsider = secrets.token_urlsafe(9)
@@ -398,6 +397,7 @@ def test_a_students_processes_read_neither_the_masters_nor_the_tests_nor_another
         assert seen[what] == "PermissionError", f"a student read the {what}: {seen[what]!r}"
     assert "07_ring_allreduce.ipynb" in seen["released"] and "07_ring_allreduce.ipynb" in seen["own workspace"]
     assert seen["imports"][0] == str(repo / "course_utils" / "__init__.py")
+    assert shutil.which("python", path=env["PATH"]) == str(Path(hub.py).parent / "python"), "a terminal's python"
 
 
 def test_the_instructor_gets_the_masters(hub):

@@ -43,7 +43,7 @@ def create(names: list[str], passwords: bool = True) -> dict[str, str | None]:
 
 def record(made: dict[str, str | None], file: Path) -> None:
     """Append the new accounts' passwords to `file`, readable by root alone."""
-    file.parent.mkdir(parents=True, exist_ok=True)
+    file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     fd = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     with os.fdopen(fd, "a") as out:
         out.writelines(f"{name} {pw}\n" for name, pw in made.items() if pw)

@@ -25,7 +25,9 @@ def server_env(settings: Settings) -> dict[str, str]:
     # COURSE_LAB: an unsolved exercise's check says "not attempted yet" and Run All goes on, as in `make lab`.
     # PYTHONPATH: kernels import this repository's course_utils even when the environment was installed from
     # another checkout (an editable install points at the checkout that installed it).
-    return {"COURSE_LAB": "1", "PYTHONPATH": str(settings.repo)}
+    # PATH: `python` in a lab terminal is the course's Python (the hub's PATH is root's, e.g. pyenv's shims).
+    path = f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/local/bin:/usr/bin:/bin')}"
+    return {"COURSE_LAB": "1", "PYTHONPATH": str(settings.repo), "PATH": path}
 
 
 def sync_command(settings: Settings, workspace: Path) -> list[str]:
@@ -41,8 +43,7 @@ async def make_workspace(settings: Settings, name: str) -> Path:
     except KeyError as e:
         raise RuntimeError(f"{name} has no system account on this machine (make students)") from e
     workspace = Path(account.pw_dir) / settings.workspace
-    env = {"HOME": account.pw_dir, "USER": name, "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-           **server_env(settings)}
+    env = {"HOME": account.pw_dir, "USER": name, **server_env(settings)}
     proc = await asyncio.create_subprocess_exec(
         *sync_command(settings, workspace), cwd=account.pw_dir, env=env, stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, user=account.pw_uid,
