@@ -150,12 +150,12 @@ def own_work(name: str) -> str:
 class Hub:
     """`make hub` in its own session, on a copy of the repository."""
 
-    def __init__(self, repo: Path, py: str, roster: Path, admin: str, log: Path):
+    def __init__(self, repo: Path, py: str, roster: Path, admin: str, log: Path, *make_args: str):
         self.port, self.log = free_base_port(), log
         self.base = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
             ["make", "hub", f"PY={py}", f"ROSTER={roster}", f"ADMINS={admin}", f"HUB_PORT={self.port}",
-             f"HUB_PROXY={PROXY}"], cwd=repo, stdin=subprocess.DEVNULL, stdout=log.open("w"),
+             f"HUB_PROXY={PROXY}", *make_args], cwd=repo, stdin=subprocess.DEVNULL, stdout=log.open("w"),
             stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + START_TIMEOUT
         while "JupyterHub is now running" not in log.read_text():
@@ -189,8 +189,9 @@ class Hub:
         self.proc.wait()
 
 
-def login(hub: Hub, name: str, password: str):
-    """Log in through the hub's login form, as a browser does; returns the session (None when refused)."""
+def login(hub: Hub, name: str, password: str, spawn: bool = True):
+    """Log in through the hub's login form, as a browser does, and start the server unless not `spawn`; returns
+    the session (None when refused)."""
     import requests
 
     s = requests.Session()
@@ -200,7 +201,8 @@ def login(hub: Hub, name: str, password: str):
                timeout=START_TIMEOUT, allow_redirects=False)
     if r.status_code != 302:
         return None
-    s.get(f"{hub.base}/hub/spawn", timeout=START_TIMEOUT)  # where the login sends a browser: starts the server
+    if spawn:
+        s.get(f"{hub.base}/hub/spawn", timeout=START_TIMEOUT)  # where the login sends a browser: starts the server
     return s
 
 
@@ -318,6 +320,7 @@ def hub():
         mine = own_work(names["s1"])
         server = Hub(repo, py, tmp / "students.txt", names["teacher"], tmp / "hub.log")
         server.names, server.passwords, server.repo, server.py, server.mine = names, passwords, repo, py, mine
+        server.tmp = tmp
         server.sessions = {}
         yield server
     finally:
@@ -421,3 +424,21 @@ def test_stopping_the_hub_leaves_nothing_running(hub):
     assert not left, f"still running after the hub stopped: {[p.cmdline() for p in left]}"
     assert not [p for p in ports if listening(p)], "a port is still listening after the hub stopped"
     assert "Cleaning up single-user servers" in hub.log.read_text()
+
+
+def test_with_first_use_login_a_student_picks_their_password_once(hub):
+    """HUB_AUTH=firstuse (jupyterhub-firstuseauthenticator): the first login sets the password, later ones must
+    give it; the roster still decides who may log in."""
+    names = hub.names
+    first = Hub(hub.repo, hub.py, hub.tmp / "students.txt", names["teacher"], hub.tmp / "hub-firstuse.log",
+                "HUB_AUTH=firstuse")
+    try:
+        assert login(first, names["s1"], "picked-at-first-login", spawn=False) is not None
+        assert login(first, names["s1"], "another-password", spawn=False) is None
+        assert login(first, names["s1"], "picked-at-first-login", spawn=False) is not None
+        assert login(first, names["outsider"], "picked-at-first-login", spawn=False) is None
+        assert "FirstUseAuthenticator" in first.log.read_text()
+    finally:
+        first.stop()
+    assert not [p for p in range(first.port, first.port + 3) if listening(p)]
+    assert not processes_of(list(names.values()))
