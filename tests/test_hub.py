@@ -112,6 +112,8 @@ def copy_repo(dest: Path) -> Path:
         shutil.copy(ROOT / name, dest / name)
     (dest / "tests").mkdir()
     (dest / "tests" / "wrong_answer.py").write_text("# a wrong answer the students must not see\n")
+    (dest / "submissions" / "someone").mkdir(parents=True)  # as grading leaves it, but open to all
+    os.chmod(dest / "submissions", 0o755)
     return dest
 
 
@@ -388,7 +390,8 @@ def test_a_students_processes_read_neither_the_masters_nor_the_tests_nor_another
     targets = {"masters": repo / "notebooks", "a master": repo / "notebooks" / "07_ring_allreduce.ipynb",
                "tests": repo / "tests" / "wrong_answer.py", "other home": Path(pwd.getpwnam(names["s2"]).pw_dir),
                "other workspace": Path(pwd.getpwnam(names["s2"]).pw_dir) / "workspace" / "notebooks",
-               "hub state": repo / ".hub" / "state", "released": repo / ".hub" / "release" / "notebooks",
+               "hub state": repo / ".hub" / "state", "submissions": repo / "submissions",
+               "released": repo / ".hub" / "release" / "notebooks",
                "own workspace": Path(env["JUPYTERHUB_ROOT_DIR"])}
     res = subprocess.run(["runuser", "-u", names["s1"], "--", hub.py, "-c", PROBE,
                           json.dumps({k: str(v) for k, v in targets.items()})],
@@ -396,7 +399,7 @@ def test_a_students_processes_read_neither_the_masters_nor_the_tests_nor_another
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     seen = json.loads(res.stdout)
-    for what in ("masters", "a master", "tests", "other home", "other workspace", "hub state"):
+    for what in ("masters", "a master", "tests", "other home", "other workspace", "hub state", "submissions"):
         assert seen[what] == "PermissionError", f"a student read the {what}: {seen[what]!r}"
     assert "07_ring_allreduce.ipynb" in seen["released"] and "07_ring_allreduce.ipynb" in seen["own workspace"]
     assert seen["imports"][0] == str(repo / "course_utils" / "__init__.py")

@@ -29,6 +29,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hub_roster import parse_admins, read_roster  # noqa: E402  (this folder is not a package)
 from hub_settings import Settings, from_env  # noqa: E402
 
+# What grading writes in the repository (README's instructor section, course_utils.classroom): collected work,
+# graded notebooks, scores.
+GRADING_OUTPUTS = ("submissions", "grades", "feedback", "scores.csv", "grades.xml")
+
 
 def ensure_group(name: str, members: list[str]) -> int:
     """The gid of group `name`, made if missing, with every existing account of `members` in it."""
@@ -70,7 +74,8 @@ def git_dir(repo: Path) -> Path | None:
 
 
 def close_to_students(repo: Path, gid: int) -> list[Path]:
-    """Give notebooks/, tests/ and the git directory to the instructors' group, closed to others. Returns them."""
+    """Give notebooks/, tests/ and the git directory to the instructors' group, closed to others, and close
+    grading's outputs to others. Returns what was closed."""
     closed = []
     masters = repo / "notebooks"
     for root, dirs, files in os.walk(masters):
@@ -83,6 +88,11 @@ def close_to_students(repo: Path, gid: int) -> list[Path]:
         if path is not None and path.is_dir():
             os.chown(path, -1, gid)
             os.chmod(path, 0o2770 if path == masters else 0o750)
+            closed.append(path)
+    for name in GRADING_OUTPUTS:  # every student's work and scores: whatever their modes, none for others
+        path = repo / name
+        if path.exists() and not path.is_symlink():
+            os.chmod(path, path.stat().st_mode & ~0o007)
             closed.append(path)
     return closed
 
