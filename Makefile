@@ -13,7 +13,7 @@ else
 SETUP :=
 endif
 
-.PHONY: lab lab-instructor check reset-notebook collect grade-class return test test-gpu test-gpu-tests test-gpu-tests-1 test-gpu-tests-2 test-gpu-tests-3 test-gpu-tests-4 test-gpu-tests-5 test-gpu-notebooks test-gpu-notebooks-1 test-gpu-notebooks-2 lint unit notebooks clean
+.PHONY: lab lab-instructor hub students check reset-notebook collect grade-class return test test-gpu test-gpu-tests test-gpu-tests-1 test-gpu-tests-2 test-gpu-tests-3 test-gpu-tests-4 test-gpu-tests-5 test-gpu-notebooks test-gpu-notebooks-1 test-gpu-notebooks-2 lint unit notebooks clean
 
 $(VENV)/.installed: pyproject.toml launch/setup_env.sh
 	VENV=$(VENV) bash launch/setup_env.sh
@@ -26,6 +26,33 @@ lab: $(SETUP)
 # Instructors: the masters in notebooks/, solutions included.
 lab-instructor: $(SETUP)
 	bash launch/start_lab.sh $(PY) $(LAB_PORT) instructor
+
+# A class on one box (docs/classroom.md), as root: `sudo make students ROSTER=roster.txt ADMINS="ada"` makes the
+# accounts (random passwords in $(HUB_DIR)/state/initial-passwords.txt), `sudo make hub ROSTER=... ADMINS=...` serves
+# one JupyterLab per rostered student (their own workspace, as their own account) and the masters to instructors.
+# HUB_AUTH=firstuse: each student picks a password at the first login. HUB_IP=0.0.0.0 opens it to the network
+# (with HUB_SSL_CERT/HUB_SSL_KEY); the default is this machine only (students tunnel: ssh -L 8000:127.0.0.1:8000).
+ROSTER    ?= roster.txt
+ADMINS    ?=
+HUB_AUTH  ?= pam
+HUB_IP    ?= 127.0.0.1
+HUB_PORT  ?= 8000
+HUB_DIR   ?= .hub
+HUB_PROXY ?= $(HUB_DIR)/proxy/node_modules/.bin/configurable-http-proxy
+HUB_SSL_CERT ?=
+HUB_SSL_KEY  ?=
+
+$(HUB_DIR)/proxy/node_modules/.bin/configurable-http-proxy:
+	bash launch/hub/setup_proxy.sh $(HUB_DIR)/proxy
+
+hub: $(SETUP) $(HUB_PROXY)
+	COURSE_HUB_ROSTER="$(ROSTER)" COURSE_HUB_ADMINS="$(ADMINS)" COURSE_HUB_AUTH=$(HUB_AUTH) COURSE_HUB_IP=$(HUB_IP) \
+	    COURSE_HUB_PORT=$(HUB_PORT) COURSE_HUB_DIR="$(HUB_DIR)" COURSE_HUB_PROXY="$(HUB_PROXY)" \
+	    COURSE_HUB_SSL_CERT="$(HUB_SSL_CERT)" COURSE_HUB_SSL_KEY="$(HUB_SSL_KEY)" bash launch/hub/start_hub.sh $(PY)
+
+students: $(SETUP)
+	COURSE_HUB_DIR="$(HUB_DIR)" $(PY) launch/hub/accounts.py "$(ROSTER)" --admins "$(ADMINS)" \
+	    $(if $(filter firstuse,$(HUB_AUTH)),--no-passwords)
 
 # Students: check your own lessons in the workspace as the grader scores them, e.g. `make check NB=07_ring_allreduce`
 # (every lesson without NB). A table per lesson; exits non-zero unless every exercise passed (or needs a GPU that this
@@ -43,7 +70,6 @@ reset-notebook: $(SETUP)
 # Instructors with a class on one box, each student a system user with a workspace in their home (docs/classroom.md):
 # `make collect` copies every student's lessons into submissions/, `make grade-class` grades them into grades/,
 # `make return` puts each student's scores and feedback notebooks in their WORKSPACE/feedback/ (0700, theirs).
-ROSTER ?= roster.txt
 WORKSPACE_TEMPLATE ?= ~{user}/workspace
 GRADE_JOBS ?= 4
 CLASS_ARGS = --roster $(ROSTER) --workspace-template '$(WORKSPACE_TEMPLATE)'
@@ -61,6 +87,7 @@ lint: $(SETUP)
 
 test: lint
 	bash tests/install_browser.sh
+	bash launch/hub/setup_proxy.sh $(HUB_DIR)/proxy || echo "setup: no JupyterHub proxy (npm): tests/test_hub.py fails under CI"
 	$(PY) -m pytest -n $(JOBS) --dist loadgroup --durations=30 tests --nbmake notebooks
 
 # Same suite on a GPU box; any test or exercise skipped for want of a GPU is a failure. In parts, each meant to

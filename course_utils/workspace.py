@@ -23,10 +23,6 @@ import sys
 import time
 from pathlib import Path
 
-import nbformat
-
-from .grading.release import ReleaseError, dumps, student_version
-
 LINKS = ("launch", "benchmarks")  # repository folders that notebooks reach as ../launch, ../benchmarks
 DEFAULT = "workspace"  # `make lab`'s LAB_WORKSPACE, relative to the repository
 NOTEBOOKS = "notebooks"  # WORKSPACE/notebooks: the lessons the student edits
@@ -38,10 +34,19 @@ def _repo_of(masters: Path) -> Path:
     return masters.resolve().parent
 
 
-def _write_student_version(master: Path, target: Path) -> None:
-    nb = student_version(nbformat.read(master, as_version=4), str(master))
+def _write_student_version(master: Path, target: Path, released: bool = False) -> None:
+    # `released`: the masters are student versions already (the hub's copy, made by the release tool as root,
+    # for students who may not read the real masters): copied as they are.
+    if released:
+        text = master.read_text()
+    else:  # imported here: nbformat takes seconds to import on a loaded machine, and the hub's sync needs none
+        import nbformat
+
+        from .grading.release import dumps, student_version
+
+        text = dumps(student_version(nbformat.read(master, as_version=4), str(master)))
     tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-    tmp.write_text(dumps(nb))
+    tmp.write_text(text)
     os.replace(tmp, target)  # atomic: a half-written notebook is never seen
 
 
@@ -60,24 +65,29 @@ def _link(workspace: Path, repo: Path) -> None:
         link.symlink_to(want, target_is_directory=True)
 
 
-def sync(masters: str | Path = "notebooks", workspace: str | Path = DEFAULT) -> dict[str, str]:
+def sync(masters: str | Path = "notebooks", workspace: str | Path = DEFAULT, released: bool = False,
+         repo: str | Path | None = None) -> dict[str, str]:
     """Write the student version of every master missing from WORKSPACE/notebooks; keep every existing one.
 
-    Returns {notebook file name: "created" | "kept"}."""
+    `released`: MASTERS holds student versions already, copied as they are (JupyterHub's students, who may not
+    read notebooks/). `repo`: the repository whose launch/ and benchmarks/ the workspace links to (default: the
+    folder above MASTERS). Returns {notebook file name: "created" | "kept"}."""
     masters, workspace = Path(masters), Path(workspace)
     lessons = sorted(masters.glob("*.ipynb"))
     if not lessons:
+        from .grading.release import ReleaseError
+
         raise ReleaseError(f"no notebooks in {masters}")
     folder = workspace / NOTEBOOKS
     folder.mkdir(parents=True, exist_ok=True)
-    _link(workspace, _repo_of(masters))
+    _link(workspace, Path(repo).resolve() if repo else _repo_of(masters))
     done = {}
     for master in lessons:
         target = folder / master.name
         if target.exists():
             done[master.name] = "kept"
         else:
-            _write_student_version(master, target)
+            _write_student_version(master, target, released)
             done[master.name] = "created"
     return done
 
@@ -93,13 +103,13 @@ def lesson_name(name: str, masters: str | Path = "notebooks") -> str:
     return hits[0]
 
 
-def reset(name: str, masters: str | Path = "notebooks",
-          workspace: str | Path = DEFAULT) -> tuple[Path, Path | None]:
+def reset(name: str, masters: str | Path = "notebooks", workspace: str | Path = DEFAULT,
+          released: bool = False, repo: str | Path | None = None) -> tuple[Path, Path | None]:
     """Replace one lesson of the workspace by a fresh student version. The old copy (if any) is moved to
-    WORKSPACE/backups/. Returns (the fresh notebook, the backup or None)."""
+    WORKSPACE/backups/. Returns (the fresh notebook, the backup or None). `released`, `repo`: as for sync."""
     masters, workspace = Path(masters), Path(workspace)
     file = lesson_name(name, masters)
-    sync(masters, workspace)  # the workspace exists, with every lesson
+    sync(masters, workspace, released, repo)  # the workspace exists, with every lesson
     target = workspace / NOTEBOOKS / file
     backup = None
     if target.exists():
@@ -111,7 +121,7 @@ def reset(name: str, masters: str | Path = "notebooks",
             backup = backups / f"{target.stem}.{time.strftime('%Y%m%d-%H%M%S')}-{n}.ipynb"
             n += 1
         os.replace(target, backup)
-    _write_student_version(masters / file, target)
+    _write_student_version(masters / file, target, released)
     return target, backup
 
 
@@ -120,6 +130,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--masters", default="notebooks", help="the instructor masters (default: notebooks)")
     parser.add_argument("--workspace", default=os.environ.get("COURSE_WORKSPACE", DEFAULT),
                         help="the student's workspace (default: $COURSE_WORKSPACE or workspace)")
+    parser.add_argument("--released", action="store_true",
+                        help="MASTERS holds student versions already (the hub's copy): copy them as they are")
+    parser.add_argument("--repo", help="the repository the workspace's launch/ and benchmarks/ link to "
+                        "(default: the folder above MASTERS)")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("sync", help="create the workspace's missing lessons; existing ones are kept")
     p_reset = sub.add_parser("reset", help="start lessons over from the masters (old copies go to backups/)")
@@ -127,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command == "sync":
-            done = sync(args.masters, args.workspace)
+            done = sync(args.masters, args.workspace, args.released, args.repo)
             new = [n for n, what in done.items() if what == "created"]
             kept = len(done) - len(new)
             print(f"workspace {Path(args.workspace) / NOTEBOOKS}: "
@@ -135,9 +149,9 @@ def main(argv: list[str] | None = None) -> int:
                   + (f"; {kept} kept as you left them" if kept else ""))
         else:
             for name in args.lessons:
-                fresh, backup = reset(name, args.masters, args.workspace)
+                fresh, backup = reset(name, args.masters, args.workspace, args.released, args.repo)
                 print(f"reset {fresh}" + (f" (your previous copy: {backup})" if backup else ""))
-    except (ReleaseError, ValueError, OSError) as e:
+    except (ValueError, OSError) as e:  # ReleaseError is a ValueError
         print(f"error: {e}", file=sys.stderr)
         return 1
     return 0

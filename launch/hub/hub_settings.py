@@ -1,0 +1,65 @@
+"""The hub's settings, read from the COURSE_HUB_* variables that `make hub` sets (Makefile: ROSTER, ADMINS, ...).
+
+One place for both readers: hub_layout.py (run as root before the hub starts) and jupyterhub_config.py.
+Relative paths are taken from the repository's root, where `make hub` runs.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What `make hub` was asked for; see the Makefile's hub section for each variable."""
+
+    repo: Path
+    roster: Path  # students, one username a line
+    admins: str  # instructors, separated by spaces or commas
+    ip: str
+    port: int  # the hub's public port; the hub's own API listens on port+1, the proxy's API on port+2
+    hub_dir: Path  # state (0700), the released lessons (0755) and the proxy
+    proxy: Path  # configurable-http-proxy
+    auth: str  # pam or firstuse
+    group: str  # the instructors' group: the only one besides root that reads notebooks/ and tests/
+    workspace: str  # the student's workspace, relative to their home
+    ssl_cert: str
+    ssl_key: str
+
+    @property
+    def state(self) -> Path:
+        return self.hub_dir / "state"
+
+    @property
+    def release(self) -> Path:
+        return self.hub_dir / "release" / "notebooks"
+
+
+def _path(value: str, repo: Path) -> Path:
+    return (repo / value).resolve() if not os.path.isabs(value) else Path(value)
+
+
+def from_env(env: dict[str, str] | None = None) -> Settings:
+    """The settings in `env` (default os.environ), with make's defaults for what is not set."""
+    env = os.environ if env is None else env
+    repo = Path(env.get("COURSE_HUB_REPO", REPO)).resolve()
+    hub_dir = _path(env.get("COURSE_HUB_DIR", ".hub"), repo)
+    proxy = env.get("COURSE_HUB_PROXY") or str(hub_dir / "proxy" / "node_modules" / ".bin" / "configurable-http-proxy")
+    return Settings(
+        repo=repo,
+        roster=_path(env.get("COURSE_HUB_ROSTER", "roster.txt"), repo),
+        admins=env.get("COURSE_HUB_ADMINS", ""),
+        ip=env.get("COURSE_HUB_IP", "127.0.0.1"),
+        port=int(env.get("COURSE_HUB_PORT", "8000")),
+        hub_dir=hub_dir,
+        proxy=_path(proxy, repo),
+        auth=env.get("COURSE_HUB_AUTH", "pam"),
+        group=env.get("COURSE_HUB_GROUP", "course-instructors"),
+        workspace=env.get("COURSE_HUB_WORKSPACE", "workspace"),
+        ssl_cert=env.get("COURSE_HUB_SSL_CERT", ""),
+        ssl_key=env.get("COURSE_HUB_SSL_KEY", ""),
+    )

@@ -1,0 +1,71 @@
+"""What the hub does before starting a user's server: the folder it serves, and a student's workspace.
+
+A student's server serves ~/WORKSPACE/notebooks (default ~/workspace), their own copies of the lessons,
+made from the released student versions by `course_utils.workspace sync --released`, run as the student (so
+every file is theirs, and nothing the student placed in their home can make root write elsewhere). New lessons are
+added at each start; a lesson already there is never overwritten. An instructor's (admin's) server serves the
+masters in notebooks/, as `make lab-instructor` does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pwd
+import sys
+from pathlib import Path
+
+from hub_settings import Settings
+
+SYNC_TIMEOUT = 120  # s; making a workspace takes a second or two, more on a loaded 2-core machine
+
+
+def server_env(settings: Settings) -> dict[str, str]:
+    """Variables for every user's server and kernels (besides HOME, USER, SHELL, set by the spawner)."""
+    # COURSE_LAB: an unsolved exercise's check says "not attempted yet" and Run All goes on, as in `make lab`.
+    # PYTHONPATH: kernels import this repository's course_utils even when the environment was installed from
+    # another checkout (an editable install points at the checkout that installed it).
+    # PATH: `python` in a lab terminal is the course's Python (the hub's PATH is root's, e.g. pyenv's shims).
+    path = f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/local/bin:/usr/bin:/bin')}"
+    return {"COURSE_LAB": "1", "PYTHONPATH": str(settings.repo), "PATH": path}
+
+
+def sync_command(settings: Settings, workspace: Path) -> list[str]:
+    """The command that makes or completes a student's workspace from the released lessons."""
+    return [sys.executable, "-m", "course_utils.workspace", "--masters", str(settings.release), "--workspace",
+            str(workspace), "--released", "--repo", str(settings.repo), "sync"]
+
+
+async def make_workspace(settings: Settings, name: str) -> Path:
+    """Make or complete `name`'s workspace, as that user; returns the folder their server serves."""
+    try:
+        account = pwd.getpwnam(name)
+    except KeyError as e:
+        raise RuntimeError(f"{name} has no system account on this machine (make students)") from e
+    workspace = Path(account.pw_dir) / settings.workspace
+    env = {"HOME": account.pw_dir, "USER": name, **server_env(settings)}
+    proc = await asyncio.create_subprocess_exec(
+        *sync_command(settings, workspace), cwd=account.pw_dir, env=env, stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, user=account.pw_uid,
+        group=account.pw_gid, extra_groups=os.getgrouplist(name, account.pw_gid), umask=0o077)
+    try:
+        out, _ = await asyncio.wait_for(proc.communicate(), SYNC_TIMEOUT)
+    except asyncio.TimeoutError:
+        proc.kill()
+        raise RuntimeError(f"{name}'s workspace was not made within {SYNC_TIMEOUT} s") from None
+    if proc.returncode:
+        raise RuntimeError(f"{name}'s workspace could not be made: {out.decode(errors='replace').strip()}")
+    return workspace / "notebooks"
+
+
+def pre_spawn_hook(settings: Settings):
+    """The hook for c.Spawner.pre_spawn_hook: sets the served folder, making a student's workspace first."""
+
+    async def hook(spawner) -> None:
+        if spawner.user.admin:
+            spawner.notebook_dir = str(settings.repo / "notebooks")
+        else:
+            spawner.notebook_dir = str(await make_workspace(settings, spawner.user.name))
+        spawner.log.info("%s's server serves %s", spawner.user.name, spawner.notebook_dir)
+
+    return hook
