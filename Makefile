@@ -32,6 +32,7 @@ lab-instructor: $(SETUP)
 # one JupyterLab per rostered student (their own workspace, as their own account) and the masters to instructors.
 # HUB_AUTH=firstuse: each student picks a password at the first login. HUB_IP=0.0.0.0 opens it to the network
 # (with HUB_SSL_CERT/HUB_SSL_KEY); the default is this machine only (students tunnel: ssh -L 8000:127.0.0.1:8000).
+# HUB_GPUS: shared (default: every student sees every GPU, cells take turns), each (a GPU per student) or round-robin.
 ROSTER    ?= roster.txt
 ADMINS    ?=
 HUB_AUTH  ?= pam
@@ -41,6 +42,7 @@ HUB_DIR   ?= .hub
 HUB_PROXY ?= $(HUB_DIR)/proxy/node_modules/.bin/configurable-http-proxy
 HUB_SSL_CERT ?=
 HUB_SSL_KEY  ?=
+HUB_GPUS  ?= shared
 
 $(HUB_DIR)/proxy/node_modules/.bin/configurable-http-proxy:
 	bash launch/hub/setup_proxy.sh $(HUB_DIR)/proxy
@@ -48,7 +50,8 @@ $(HUB_DIR)/proxy/node_modules/.bin/configurable-http-proxy:
 hub: $(SETUP) $(HUB_PROXY)
 	COURSE_HUB_ROSTER="$(ROSTER)" COURSE_HUB_ADMINS="$(ADMINS)" COURSE_HUB_AUTH=$(HUB_AUTH) COURSE_HUB_IP=$(HUB_IP) \
 	    COURSE_HUB_PORT=$(HUB_PORT) COURSE_HUB_DIR="$(HUB_DIR)" COURSE_HUB_PROXY="$(HUB_PROXY)" \
-	    COURSE_HUB_SSL_CERT="$(HUB_SSL_CERT)" COURSE_HUB_SSL_KEY="$(HUB_SSL_KEY)" bash launch/hub/start_hub.sh $(PY)
+	    COURSE_HUB_SSL_CERT="$(HUB_SSL_CERT)" COURSE_HUB_SSL_KEY="$(HUB_SSL_KEY)" COURSE_HUB_GPUS=$(HUB_GPUS) \
+	    bash launch/hub/start_hub.sh $(PY)
 
 students: $(SETUP)
 	COURSE_HUB_DIR="$(HUB_DIR)" $(PY) launch/hub/accounts.py "$(ROSTER)" --admins "$(ADMINS)" \

@@ -29,10 +29,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from . import workspace as ws
+from .roster import RosterError, read_roster
 
 TEMPLATE = "~{user}/" + ws.DEFAULT
 LESSON = re.compile(r"\d\d_.*\.ipynb")  # the lesson notebooks, as the masters name them
-USERNAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*\$?")  # POSIX-portable names (a trailing $: Samba accounts)
 MAX_BYTES = 50 << 20  # the grader's MAX_SUBMISSION_BYTES: it would not grade a larger notebook
 FEEDBACK = "feedback"  # WORKSPACE/feedback: what `return` writes, beside (never into) WORKSPACE/notebooks
 SCORES, JUNIT, EXECUTED = "scores.csv", "grades.xml", "executed"  # inside grades/
@@ -50,27 +50,6 @@ class Collected:
     status: str = "collected"  # or why nothing was: no workspace, not the student's, no notebooks
     notebooks: dict[str, dict] = field(default_factory=dict)  # name -> {source, mtime, sha256}
     skipped: dict[str, str] = field(default_factory=dict)  # name -> why it was not copied
-
-
-def read_roster(path: str | os.PathLike) -> list[str]:
-    """The usernames in a roster file, in order: one per line, `#` comments and blank lines ignored."""
-    path = Path(path)
-    if not path.is_file():
-        raise ClassroomError(f"roster {path} not found: write one student username per line (# starts a comment) "
-                             "and pass it with --roster")
-    users: list[str] = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
-        name = line.split("#", 1)[0].strip()
-        if not name:
-            continue
-        if not USERNAME.fullmatch(name):
-            raise ClassroomError(f"{path}:{n}: {name!r} is not a username (one per line; # starts a comment)")
-        if name in users:
-            raise ClassroomError(f"{path}:{n}: {name} is listed twice")
-        users.append(name)
-    if not users:
-        raise ClassroomError(f"roster {path} names no students: write one username per line")
-    return users
 
 
 def workspace_of(user: str, template: str = TEMPLATE) -> Path:
@@ -339,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
         for user, what in done.items():
             print(f"  {user}: {what}")
         return 0 if all(w.startswith("returned") for w in done.values()) else 1
-    except ClassroomError as e:
+    except (ClassroomError, RosterError) as e:
         print(f"classroom: error: {e}", file=sys.stderr)
         return 2
 

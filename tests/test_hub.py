@@ -46,6 +46,8 @@ GROUP = "course-instructors"
 START_TIMEOUT = 150  # s for the hub to answer, and again for a server to start, on a loaded 2-core machine
 ARTIFACTS = ROOT / "tests" / "artifacts"
 PROXY = ROOT / ".hub" / "proxy" / "node_modules" / ".bin" / "configurable-http-proxy"
+# Simulated GPUs for HUB_GPUS=each (hub_gpus.py): the hub hands them out by roster line; nothing opens them.
+GPUS = {"COURSE_HUB_GPU_IDS": "6,7"}
 
 
 def _why_not() -> str | None:
@@ -158,7 +160,7 @@ class Hub:
         self.proc = subprocess.Popen(
             ["make", "hub", f"PY={py}", f"ROSTER={roster}", f"ADMINS={admin}", f"HUB_PORT={self.port}",
              f"HUB_PROXY={PROXY}", *make_args], cwd=repo, stdin=subprocess.DEVNULL, stdout=log.open("w"),
-            stderr=subprocess.STDOUT, start_new_session=True)
+            stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, **GPUS})
         deadline = time.monotonic() + START_TIMEOUT
         while "JupyterHub is now running" not in log.read_text():
             if self.proc.poll() is not None or time.monotonic() > deadline:
@@ -320,7 +322,7 @@ def hub():
         repo = copy_repo(tmp / "repo")
         passwords = make_accounts(tmp, repo, py, names)
         mine = own_work(names["s1"])
-        server = Hub(repo, py, tmp / "students.txt", names["teacher"], tmp / "hub.log")
+        server = Hub(repo, py, tmp / "students.txt", names["teacher"], tmp / "hub.log", "HUB_GPUS=each")
         server.names, server.passwords, server.repo, server.py, server.mine = names, passwords, repo, py, mine
         server.tmp = tmp
         server.sessions = {}
@@ -364,6 +366,11 @@ def test_each_student_has_a_server_of_their_own_on_their_own_workspace(hub):
         owners = {(workspace / "notebooks" / n).stat().st_uid for n in lessons}
         assert owners == {account.pw_uid}, "the workspace's lessons are not the student's own files"
         assert running[name]["env"].get("COURSE_LAB") == "1"
+        # HUB_GPUS=each on the simulated GPUs: a GPU of their own, in roster order, and kernels that take turns
+        assert running[name]["env"].get("CUDA_VISIBLE_DEVICES") == GPUS["COURSE_HUB_GPU_IDS"].split(",")[
+            ["s1", "s2"].index(role)]
+        specs = hub.sessions[role].get(f"{hub.base}/user/{name}/api/kernelspecs", timeout=60).json()
+        assert "--ext=course_utils.gpu_lock" in specs["kernelspecs"]["python3"]["spec"]["argv"], specs
     kept = contents(hub, hub.sessions["s1"], names["s1"], "00_start_here.ipynb")
     assert hub.mine in json.dumps(kept["content"]), "the hub overwrote a lesson the student had worked on"
     fresh = json.dumps(contents(hub, hub.sessions["s2"], names["s2"], "07_ring_allreduce.ipynb")["content"])
@@ -413,6 +420,7 @@ def test_the_instructor_gets_the_masters(hub):
     running = servers()[name]
     assert running["uid"] == pwd.getpwnam(name).pw_uid
     assert running["root_dir"] == str(hub.repo / "notebooks")
+    assert "CUDA_VISIBLE_DEVICES" not in running["env"], "an instructor sees every GPU"
     assert name in grp.getgrnam(GROUP).gr_mem
     modes = {p: oct(os.stat(hub.repo / p).st_mode & 0o7777) for p in ("notebooks", "tests", ".hub/state")}
     assert modes == {"notebooks": "0o2770", "tests": "0o750", ".hub/state": "0o700"}

@@ -4,6 +4,7 @@ The hub itself, with real accounts and servers, is tests/test_hub.py."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -21,20 +22,23 @@ HUB = ROOT / "launch" / "hub"
 sys.path.insert(0, str(HUB))
 
 from hub_layout import not_open_to_all  # noqa: E402
-from hub_roster import RosterError, parse_admins, parse_names, read_roster  # noqa: E402
 from hub_settings import from_env  # noqa: E402
 from hub_spawn import sync_command  # noqa: E402
 
+from course_utils.roster import RosterError, parse_admins, parse_names, read_roster  # noqa: E402
+
 
 def test_the_roster_reads_one_name_a_line_with_comments():
-    text = "# week 1\nada\n\n  grace  # late joiner\nada\n_x-1\n"
+    text = "# week 1\nada\n\n  grace  # late joiner\n_x-1\n"
     assert parse_names(text) == ["ada", "grace", "_x-1"]
+    with pytest.raises(RosterError, match=r"roster:3: ada is listed twice"):
+        parse_names("ada\ngrace\nada\n")
     assert parse_admins("alan, barbara  claude") == ["alan", "barbara", "claude"]
     assert parse_admins("") == []
     for bad in ("Ada", "ada lovelace", "1ada", "a" * 33, "../etc"):
-        with pytest.raises(RosterError, match="line 1"):
+        with pytest.raises(RosterError, match="roster:1: .* is not a username"):
             parse_names(bad)
-    with pytest.raises(RosterError, match="cannot read the roster"):
+    with pytest.raises(RosterError, match="roster /nonexistent/students.txt not found"):
         read_roster("/nonexistent/students.txt")
 
 
@@ -120,3 +124,25 @@ def test_the_layout_check_names_a_folder_others_cannot_pass():
         assert "o+rx" in not_open_to_all([closed / "env"])[0]
     finally:
         shutil.rmtree(base)
+
+
+def test_the_gpu_policies_hand_out_gpus_by_roster_line(tmp_path):
+    from hub_gpus import check_policy, visible_for, write_kernel_spec
+
+    students, gpus = ["ada", "bob", "cy"], ("0", "1")
+    assert [visible_for("round-robin", s, students, gpus) for s in students] == ["0", "1", "0"]
+    assert [visible_for("each", s, students[:2], gpus) for s in students[:2]] == ["0", "1"]
+    assert [visible_for("shared", s, students, gpus) for s in students] == [None] * 3
+    assert visible_for("each", "teacher", students, gpus) is None  # instructors see every GPU
+    assert visible_for("round-robin", "ada", students, ()) is None  # a box without GPUs
+    assert check_policy("each", students[:2], gpus) == [] and check_policy("shared", students, ()) == []
+    (why,) = check_policy("each", students, gpus)
+    assert "3 students share 2 GPUs: use HUB_GPUS=round-robin" in why
+    (why,) = check_policy("one-each", students, gpus)
+    assert "choose one of shared, each, round-robin" in why
+    spec = json.loads(write_kernel_spec(tmp_path / "jupyter", "/opt/py/bin/python").read_text())
+    assert spec["argv"] == ["/opt/py/bin/python", "-m", "ipykernel_launcher", "-f", "{connection_file}",
+                            "--ext=course_utils.gpu_lock"]
+    assert (tmp_path / "jupyter" / "kernels" / "python3" / "kernel.json").stat().st_mode & 0o777 == 0o644
+    settings = from_env({"COURSE_HUB_GPUS": "each", "COURSE_HUB_GPU_IDS": "2, 3"})
+    assert (settings.gpus, settings.gpu_ids) == ("each", ("2", "3"))

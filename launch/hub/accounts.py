@@ -19,10 +19,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# this folder (not a package), and the repository's course_utils whichever checkout installed the environment
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[2])]
 
-from hub_roster import RosterError, parse_admins, read_roster  # noqa: E402  (this folder is not a package)
 from hub_settings import from_env  # noqa: E402
+
+from course_utils.roster import RosterError, parse_admins, read_roster  # noqa: E402
 
 
 def create(names: list[str], passwords: bool = True) -> dict[str, str | None]:

@@ -10,6 +10,7 @@ Students run code as their own accounts on the instructor's machine, so the file
   students' kernels import course_utils and torch from there. Every folder above them must let others pass (o+x).
 - HUB_DIR (0711): state/ (0700: the hub's database, cookie secret, passwords) and release/ (0755: the lessons'
   student versions, what each student's workspace is made from, since students cannot read the masters).
+- HUB_DIR/jupyter (0755): the kernel spec every server uses, which loads the GPU turns (hub_gpus.py).
 - students' homes are 0700 (launch/hub/accounts.py makes them so): nobody reads another's work.
 """
 
@@ -26,8 +27,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from hub_roster import parse_admins, read_roster  # noqa: E402  (this folder is not a package)
+from hub_gpus import check_policy, write_kernel_spec  # noqa: E402  (this folder is not a package)
 from hub_settings import Settings, from_env  # noqa: E402
+
+from course_utils.roster import RosterError, parse_admins, read_roster  # noqa: E402
 
 # What grading writes in the repository (README's instructor section, course_utils.classroom): collected work,
 # graded notebooks, scores.
@@ -139,16 +142,18 @@ def release_lessons(settings: Settings) -> int:
 
 def prepare(settings: Settings) -> list[str]:
     """Make the layout; returns the problems that keep the hub from serving the class (empty: ready)."""
-    students = read_roster(settings.roster)
+    students = read_roster(settings.roster, required=False)
     admins = parse_admins(settings.admins)
     if not students and not admins:
         return [f"the roster {settings.roster} lists nobody, and ADMINS is empty: nobody could log in"]
     problems = [f"{name} (roster or ADMINS) has no system account: create it with `make students` "
                 f"(launch/hub/accounts.py)" for name in accounts_missing(students + admins)]
+    problems += check_policy(settings.gpus, students, settings.gpu_ids)
     gid = ensure_group(settings.group, admins)
     closed = close_to_students(settings.repo, gid)
     hub_dirs(settings)
     count = release_lessons(settings)
+    write_kernel_spec(settings.jupyter)
     problems += not_open_to_all([settings.repo / "course_utils", settings.repo / "launch", settings.release,
                                  *python_paths()])
     print(f"hub: {len(students)} students, instructors {admins or 'none'} (group {settings.group}); closed to "
@@ -162,7 +167,10 @@ def main() -> int:
         print("hub: run `make hub` as root: it makes the permission layout and starts servers as each student",
               file=sys.stderr)
         return 1
-    problems = prepare(from_env())
+    try:
+        problems = prepare(from_env())
+    except RosterError as e:
+        problems = [str(e)]
     for problem in problems:
         print(f"hub: error: {problem}", file=sys.stderr)
     return 1 if problems else 0

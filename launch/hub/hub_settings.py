@@ -29,10 +29,17 @@ class Settings:
     workspace: str  # the student's workspace, relative to their home
     ssl_cert: str
     ssl_key: str
+    gpus: str = "shared"  # the GPU policy (hub_gpus.py)
+    gpu_ids: tuple[str, ...] = ()  # the box's GPUs, as CUDA_VISIBLE_DEVICES names them
 
     @property
     def state(self) -> Path:
         return self.hub_dir / "state"
+
+    @property
+    def jupyter(self) -> Path:
+        """HUB_DIR/jupyter (0755): on every server's JUPYTER_PATH, for its kernel spec (hub_gpus.py)."""
+        return self.hub_dir / "jupyter"
 
     @property
     def release(self) -> Path:
@@ -62,4 +69,15 @@ def from_env(env: dict[str, str] | None = None) -> Settings:
         workspace=env.get("COURSE_HUB_WORKSPACE", "workspace"),
         ssl_cert=env.get("COURSE_HUB_SSL_CERT", ""),
         ssl_key=env.get("COURSE_HUB_SSL_KEY", ""),
+        gpus=env.get("COURSE_HUB_GPUS", "shared"),
+        gpu_ids=_gpu_ids(env),
     )
+
+
+def _gpu_ids(env) -> tuple[str, ...]:
+    """COURSE_HUB_GPU_IDS ("0,1": the tests' simulated GPUs), else the GPUs this machine has."""
+    if "COURSE_HUB_GPU_IDS" in env:
+        return tuple(t.strip() for t in env["COURSE_HUB_GPU_IDS"].split(",") if t.strip())
+    from course_utils.gpu_lock import visible_gpus
+
+    return visible_gpus()

@@ -15,7 +15,10 @@ import pwd
 import sys
 from pathlib import Path
 
+from hub_gpus import visible_for
 from hub_settings import Settings
+
+from course_utils.roster import read_roster
 
 SYNC_TIMEOUT = 120  # s; making a workspace takes a second or two, more on a loaded 2-core machine
 
@@ -26,8 +29,11 @@ def server_env(settings: Settings) -> dict[str, str]:
     # PYTHONPATH: kernels import this repository's course_utils even when the environment was installed from
     # another checkout (an editable install points at the checkout that installed it).
     # PATH: `python` in a lab terminal is the course's Python (the hub's PATH is root's, e.g. pyenv's shims).
+    # JUPYTER_PATH: the kernel spec that loads the GPU turns (hub_gpus.py). CUDA_DEVICE_ORDER: GPU k is the same
+    # GPU for every process (nvidia-smi's order), so everyone's locks name the same GPUs.
     path = f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/local/bin:/usr/bin:/bin')}"
-    return {"COURSE_LAB": "1", "PYTHONPATH": str(settings.repo), "PATH": path}
+    return {"COURSE_LAB": "1", "PYTHONPATH": str(settings.repo), "PATH": path,
+            "JUPYTER_PATH": str(settings.jupyter), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
 
 
 def sync_command(settings: Settings, workspace: Path) -> list[str]:
@@ -61,7 +67,13 @@ async def make_workspace(settings: Settings, name: str) -> Path:
 def pre_spawn_hook(settings: Settings):
     """The hook for c.Spawner.pre_spawn_hook: sets the served folder, making a student's workspace first."""
 
+    students = read_roster(settings.roster, required=False)  # as the hub read it at its start
+
     async def hook(spawner) -> None:
+        gpus = visible_for(settings.gpus, spawner.user.name, students, settings.gpu_ids)
+        if gpus is not None:
+            spawner.environment = {**spawner.environment, "CUDA_VISIBLE_DEVICES": gpus}
+            spawner.log.info("%s's server sees GPU %s (HUB_GPUS=%s)", spawner.user.name, gpus, settings.gpus)
         if spawner.user.admin:
             spawner.notebook_dir = str(settings.repo / "notebooks")
         else:

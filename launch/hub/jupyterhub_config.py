@@ -21,13 +21,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from hub_roster import parse_admins, read_roster  # noqa: E402  (this folder is not a package)
 from hub_settings import from_env  # noqa: E402
 from hub_spawn import pre_spawn_hook, server_env  # noqa: E402
 
+from course_utils.roster import parse_admins, read_roster  # noqa: E402
+
 c = get_config()  # noqa: F821  (JupyterHub's config loader provides it)
 settings = from_env()
-students, admins = read_roster(settings.roster), parse_admins(settings.admins)
+students, admins = read_roster(settings.roster, required=False), parse_admins(settings.admins)
 
 # ---- where it listens: the public port, the hub's own API on port+1 and the proxy's on port+2 (loopback only)
 scheme = "https" if settings.ssl_cert else "http"
