@@ -72,7 +72,7 @@ reset-notebook: $(SETUP)
 
 # Instructors with a class on one box, each student a system user with a workspace in their home (docs/classroom.md):
 # `make collect` copies every student's lessons into submissions/, `make grade-class` grades them into grades/,
-# `make return` puts each student's scores and feedback notebooks in their WORKSPACE/feedback/ (0700, theirs).
+# `make return` puts each student's scores and feedback notebooks in their WORKSPACE/notebooks/feedback/ (0700, theirs).
 WORKSPACE_TEMPLATE ?= ~{user}/workspace
 GRADE_JOBS ?= 4
 CLASS_ARGS = --roster $(ROSTER) --workspace-template '$(WORKSPACE_TEMPLATE)'

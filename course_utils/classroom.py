@@ -2,7 +2,7 @@
 
     python -m course_utils.classroom collect --roster roster.txt    WORKSPACE/notebooks/NN_*.ipynb -> submissions/
     python -m course_utils.classroom grade --master-dir notebooks   the grader on submissions/ -> grades/
-    python -m course_utils.classroom return --roster roster.txt     grades/ -> each student's WORKSPACE/feedback/
+    python -m course_utils.classroom return --roster roster.txt     grades/ -> each student's WORKSPACE/notebooks/feedback/
 
 The roster is plain text: one username per line; `#` starts a comment. A student's workspace is found by
 --workspace-template (default `~{user}/workspace`: what `make lab LAB_WORKSPACE=~/workspace` makes).
@@ -34,7 +34,9 @@ from .roster import RosterError, read_roster
 TEMPLATE = "~{user}/" + ws.DEFAULT
 LESSON = re.compile(r"\d\d_.*\.ipynb")  # the lesson notebooks, as the masters name them
 MAX_BYTES = 50 << 20  # the grader's MAX_SUBMISSION_BYTES: it would not grade a larger notebook
-FEEDBACK = "feedback"  # WORKSPACE/feedback: what `return` writes, beside (never into) WORKSPACE/notebooks
+# WORKSPACE/notebooks/feedback: what `return` writes, in the folder the student's lab shows (a sub-folder: the
+# lessons themselves are never touched, and collect takes only the lessons at the top)
+FEEDBACK = "feedback"
 SCORES, JUNIT, EXECUTED = "scores.csv", "grades.xml", "executed"  # inside grades/
 
 
@@ -191,26 +193,36 @@ def _scores_text(user: str, rows: list[dict[str, str]], fields: list[str]) -> st
 
 
 def _open_feedback(workspace: Path, owner: pwd.struct_passwd | None) -> int:
-    """A descriptor of WORKSPACE/feedback (made if missing), 0700 and the student's. Descriptors and O_NOFOLLOW,
-    because as root a path the student controls could otherwise lead the writes into another's folder."""
+    """A descriptor of WORKSPACE/notebooks/feedback (made if missing), 0700 and the student's. Descriptors and
+    O_NOFOLLOW, because as root a path the student controls could otherwise lead the writes into another's folder."""
+    where = workspace / ws.NOTEBOOKS / FEEDBACK
     top = os.open(workspace, os.O_RDONLY | os.O_DIRECTORY)
     try:
         if owner and os.fstat(top).st_uid != owner.pw_uid:
             raise ClassroomError(f"{workspace} does not belong to {owner.pw_name}: nothing written there")
         try:
-            os.mkdir(FEEDBACK, 0o700, dir_fd=top)
+            lessons = os.open(ws.NOTEBOOKS, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=top)
+        except OSError as e:
+            raise ClassroomError(f"{workspace / ws.NOTEBOOKS} is not a folder ({e.strerror})") from e
+    finally:
+        os.close(top)
+    try:
+        if owner and os.fstat(lessons).st_uid != owner.pw_uid:
+            raise ClassroomError(f"{workspace / ws.NOTEBOOKS} does not belong to {owner.pw_name}: nothing written")
+        try:
+            os.mkdir(FEEDBACK, 0o700, dir_fd=lessons)
         except FileExistsError:
             pass
         try:
-            fd = os.open(FEEDBACK, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=top)
+            fd = os.open(FEEDBACK, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=lessons)
         except OSError as e:
-            raise ClassroomError(f"{workspace / FEEDBACK} is not a folder ({e.strerror}): move it away") from e
+            raise ClassroomError(f"{where} is not a folder ({e.strerror}): move it away") from e
     finally:
-        os.close(top)
+        os.close(lessons)
     if owner:
         if os.fstat(fd).st_uid not in (0, owner.pw_uid):
             os.close(fd)
-            raise ClassroomError(f"{workspace / FEEDBACK} belongs to someone else: nothing written there")
+            raise ClassroomError(f"{where} belongs to someone else: nothing written there")
         os.fchown(fd, owner.pw_uid, owner.pw_gid)
     os.fchmod(fd, 0o700)
     return fd
@@ -249,11 +261,11 @@ def _return_one(user: str, rows: list[dict[str, str]], fields: list[str], worksp
                 sent += 1
     finally:
         os.close(folder)
-    return f"returned {len(rows)} score rows and {sent} feedback notebooks to {workspace / FEEDBACK}"
+    return f"returned {len(rows)} score rows and {sent} feedback notebooks to {workspace / ws.NOTEBOOKS / FEEDBACK}"
 
 
 def return_feedback(roster: list[str], template: str, grades: Path) -> dict[str, str]:
-    """Each student's scores (scores.md, scores.csv) and feedback notebooks into WORKSPACE/feedback/.
+    """Each student's scores (scores.md, scores.csv) and feedback notebooks into WORKSPACE/notebooks/feedback/.
     Returns {user: what happened}."""
     if not (grades / SCORES).is_file():
         raise ClassroomError(f"no {grades / SCORES}: run `grade` first")
@@ -291,7 +303,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--cell-timeout", type=float, help="seconds per probe and feedback cell (the grader's default 120)")
     p.add_argument("--gpus", help="comma-separated GPU ids (default: all visible)")
     p.add_argument("--checks-module", action="append", default=[], help="the grader's option of that name")
-    sub.add_parser("return", parents=[common], help="put each student's grades into WORKSPACE/feedback/")
+    sub.add_parser("return", parents=[common], help="put each student's grades into WORKSPACE/notebooks/feedback/")
     return parser
 
 

@@ -141,7 +141,7 @@ def test_return_puts_each_students_scores_and_feedback_in_their_workspace(taught
     manifest = json.loads((base / "submissions" / "manifest.json").read_text())
     for user, total in expected.items():
         ws = base / "homes" / user / "workspace"
-        feedback = ws / "feedback"
+        feedback = ws / "notebooks" / "feedback"
         assert f"{user}: returned 1 score rows and 1 feedback notebooks to {feedback}" in out, out
         rows = list(csv.DictReader((feedback / "scores.csv").open()))
         assert [(r["student"], float(r["total"]), float(r["max"])) for r in rows] == [(user, total, 8)]
@@ -246,22 +246,22 @@ def test_real_students_cannot_read_each_others_feedback(two_users, tmp_path, mon
         executed_path(grades / "executed", g.submission).write_text(release.dumps(nbformat.read(MASTER, 4)))
     assert classroom_main(["return", *common]) == 0, capsys.readouterr()
     for user in (a, b):
-        feedback = top / user / "workspace" / "feedback"
+        feedback = top / user / "workspace" / "notebooks" / "feedback"
         account = pwd.getpwnam(user)
         assert all((p.stat().st_uid, p.stat().st_gid) == (account.pw_uid, account.pw_gid)
                    for p in [feedback, *feedback.iterdir()])
         assert mode(feedback) == 0o700
         assert _as(user, "cat", str(feedback / "scores.md")).returncode == 0
-    theirs = _as(a, "cat", str(top / b / "workspace" / "feedback" / "scores.md"))
+    theirs = _as(a, "cat", str(top / b / "workspace" / "notebooks" / "feedback" / "scores.md"))
     assert theirs.returncode != 0 and "Permission denied" in theirs.stderr, theirs
-    assert _as(a, "ls", str(top / b / "workspace" / "feedback")).returncode != 0
+    assert _as(a, "ls", str(top / b / "workspace" / "notebooks" / "feedback")).returncode != 0
     # b points their feedback folder at a's: nothing of b's is written there, and a's stays a's
-    shutil.rmtree(top / b / "workspace" / "feedback")
-    os.symlink(top / a / "workspace" / "feedback", top / b / "workspace" / "feedback")
+    shutil.rmtree(top / b / "workspace" / "notebooks" / "feedback")
+    os.symlink(top / a / "workspace" / "notebooks" / "feedback", top / b / "workspace" / "notebooks" / "feedback")
     assert classroom_main(["return", *common]) == 1
     assert f"{b}: not returned" in capsys.readouterr().out
-    assert "2 of 2" in (top / a / "workspace" / "feedback" / "scores.md").read_text()
-    assert (top / a / "workspace" / "feedback").stat().st_uid == pwd.getpwnam(a).pw_uid
+    assert "2 of 2" in (top / a / "workspace" / "notebooks" / "feedback" / "scores.md").read_text()
+    assert (top / a / "workspace" / "notebooks" / "feedback").stat().st_uid == pwd.getpwnam(a).pw_uid
     # b's workspace made a link to a's: not collected as b's work
     shutil.rmtree(top / b / "workspace")
     os.symlink(top / a / "workspace", top / b / "workspace")
