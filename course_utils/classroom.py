@@ -2,7 +2,7 @@
 
     python -m course_utils.classroom collect --roster roster.txt    WORKSPACE/notebooks/NN_*.ipynb -> submissions/
     python -m course_utils.classroom grade --master-dir notebooks   the grader on submissions/ -> grades/
-    python -m course_utils.classroom return --roster roster.txt     grades/ -> each student's WORKSPACE/notebooks/feedback/
+    python -m course_utils.classroom return --roster roster.txt     grades/ -> WORKSPACE/notebooks/feedback/
 
 The roster is plain text: one username per line; `#` starts a comment. A student's workspace is found by
 --workspace-template (default `~{user}/workspace`: what `make lab LAB_WORKSPACE=~/workspace` makes).

@@ -57,7 +57,8 @@ NOT_AN_ERROR = {
     "n/a (of": "a timeline footer row that does not apply",
 }
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800), pytest.mark.ranks]
+# Each test runs every lesson in turn (each bounded by NOTEBOOK_TIMEOUT): about 10 minutes on an idle 2-core machine.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2700), pytest.mark.ranks]
 
 
 def chromium() -> str | None:

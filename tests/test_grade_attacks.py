@@ -279,7 +279,8 @@ def test_a_pass_graded_after_tampering_earns_nothing(tampered, stem):
     assert_zero(results, "z_pass", stem)
     assert_zero(later, "z_pass", stem)
     for gid in TARGETS[stem]:
-        assert later["honest", stem][gid][0] in honest_statuses(gpus=True), out[-3000:]
+        got = later["honest", stem][gid]
+        assert got[0] in honest_statuses(gpus=True), (gid, got, out[-3000:])
 
 
 def test_tampering_changed_no_file(tampered, lab):

@@ -79,7 +79,9 @@ def test_infinite_loop_is_cut_off_and_the_rest_still_graded(grader, tmp_path, mo
     # every other exercise earns its points: 3 on a CPU machine (ex99_gpu is skipped there), more on a GPU box
     assert got["ex99_mean"].status == "passed" and g.total == g.max_points - got["ex99_add"].points - g.skipped_points
     assert g.total >= 3
-    assert time.monotonic() - t0 - sum(waited) < CELL_TIMEOUT + 20, waited
+    # cut off at CELL_TIMEOUT, not left to run until the submission's limit (600 s); the rest is probes starting
+    # and running, which took 30 s on a loaded 2-core machine
+    assert time.monotonic() - t0 - sum(waited) < CELL_TIMEOUT + 90, waited
 
 
 def test_exit_with_the_pass_line_is_scored_as_failed_and_the_rest_still_graded(grader, tmp_path):

@@ -191,31 +191,7 @@ def test_make_lab_instructor_serves_the_masters(tmp_path):
     assert not (tmp_path / "ws").exists()  # the instructor's lab makes no workspace
 
 
-# ---- Run All on the student's own, unsolved, lessons ----
-
-@pytest.mark.slow
-@pytest.mark.parametrize("lesson", LESSONS)
-def test_run_all_goes_past_unsolved_exercises_in_the_lab(lesson, monkeypatch):
-    """In `make lab` (COURSE_LAB=1, set by launch/start_lab.sh) every cell of an untouched student version runs:
-    each check cell of an unsolved exercise says "not attempted yet" instead of stopping Run All."""
-    from nbclient import NotebookClient
-    from nbclient.exceptions import CellExecutionError
-
-    from course_utils import checks
-    from course_utils.grading.release import student_version
-    from tests.conftest import retrying_kernel_start
-
-    monkeypatch.setenv(checks.LAB_ENV, "1")  # the kernel inherits it, as the lab's kernels do
-    nb = student_version(nbformat.read(MASTERS / lesson, as_version=4), lesson)
-    client = NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(MASTERS)}})
-    try:
-        retrying_kernel_start(client.execute, lesson)()
-    except CellExecutionError as err:
-        pytest.fail(f"Run All stopped in {lesson}: {str(err)[-1500:]}")
-    said = "".join(o.get("text", "") for c in nb.cells for o in c.get("outputs", []))
-    graded = [c for c in nb.cells if c.cell_type == "code" and "check(" in c.source]
-    if graded:
-        assert checks.NOT_ATTEMPTED_MARKER in said
+# ---- Run All on the student's own, unsolved, lessons: tests/test_browser.py runs each one in the lab itself ----
 
 
 def test_outside_the_lab_an_unsolved_check_still_raises(monkeypatch):

@@ -155,7 +155,8 @@ def test_nothing_is_left_running_after_any_fault(matrix):
         if key != "seconds":
             assert report["left"] == [], (key, report["left"])
     assert own_workers() == []
-    assert matrix["seconds"] < 120, matrix["seconds"]
+    # a bound for a hang, not a benchmark: a 2-core machine running the rest of the suite beside it took 143 s
+    assert matrix["seconds"] < 300, matrix["seconds"]
 
 
 @pytest.mark.slow
