@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import linecache
 import os
+import socket
 import sys
 import textwrap
 import time
@@ -144,3 +145,12 @@ def processes_with(marker: str) -> list[str]:
             if marker in cmd and state != "Z":
                 found.append(f"{entry.name}: {cmd}")
     return found
+
+
+def listening(port: int) -> bool:
+    """Whether something on this machine accepts connections on `port` (a server left behind)."""
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+        return True
+    except OSError:
+        return False

@@ -27,7 +27,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -39,6 +38,7 @@ import nbformat
 import pytest
 
 from course_utils.grading.release import dumps, exercises, student_version
+from tests.launch_helpers import listening
 
 ROOT = Path(__file__).resolve().parents[1]
 MASTERS = ROOT / "notebooks"
@@ -94,13 +94,6 @@ def _api(base: str, token: str, path: str, method: str = "GET"):
         body = r.read()
         return json.loads(body) if body else None
 
-
-def _listening(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=2).close()
-        return True
-    except OSError:
-        return False
 
 
 UNSOLVED = "__unsolved"
@@ -482,4 +475,4 @@ def test_nothing_is_left_running(lab, page):
     _, alive = psutil.wait_procs(family, timeout=10)
     alive = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     assert not alive, f"still running after the lab stopped: {[' '.join(p.cmdline())[:200] for p in alive]}"
-    assert not _listening(lab.port)
+    assert not listening(lab.port)

@@ -35,6 +35,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.launch_helpers import listening
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "launch" / "hub"))
 
@@ -75,13 +77,6 @@ def free_base_port() -> int:
             return base
     raise AssertionError("no three free ports in a row")
 
-
-def listening(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=2).close()
-        return True
-    except OSError:
-        return False
 
 
 def students_python(tmp: Path) -> str:
