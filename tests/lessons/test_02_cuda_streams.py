@@ -4,10 +4,13 @@ the notebook measured (live on a GPU, or its reference recording)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import io
 import json
 import random
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -337,6 +340,18 @@ def check_facts(d: dict) -> list[str]:
         assert gpu == pytest.approx(host, rel=0.15), (t1, t2)
     out.append(f"tiny ops {t1} / {t2}, {d['tiny']['host_us_per_op']:.1f} us per op")
     assert len(_kernels(d["tiny_picture"])) >= 200
+    if "stream_switch" in d:  # a key newer than the recording may be absent from it (NEW_KEYS)
+        sw = d["stream_switch"]
+        extra = sw["with each op"] - sw["bare"]
+        assert extra > sw["bare"], sw  # the verdict: the switch costs more than the launch (H100 and H200: ~2x)
+        assert sw["one with"] - sw["bare"] < 0.25 * extra, sw  # one `with` around the loop costs next to nothing
+        out.append(f"host us per op: {sw}")
+    if "graph" in d:
+        g = d["graph"]
+        assert g["same_as_eager"] is True, g
+        assert g["eager"]["gpu_us"] > 1.5 * g["graph"]["gpu_us"], g  # the verdict: replay ran a step faster
+        assert g["eager"]["host_us"] > 10 * g["graph"]["host_us"], g
+        out.append(f"graph: eager {g['eager']}, replay {g['graph']}")
     one, split = d["one_stream"], d["split"]
     assert one["seen"] == one["want"] and split["seen"] == split["want"], (one["seen"], split["seen"])
     assert _makespan(one["spans"]) == pytest.approx(_busy(one["spans"]), rel=0.05)
@@ -351,8 +366,70 @@ def test_recording_holds_every_key_and_shows_the_facts(notebook):
                     f"python benchmarks/record_references.py {STEM}")
     rec = reference.load(STEM)
     assert rec.provenance.get("gpu") and rec.provenance.get("torch") and rec.provenance.get("date")
-    assert taken_keys(notebook) <= set(rec.data), taken_keys(notebook) - set(rec.data)
+    assert taken_keys(notebook) - NEW_KEYS <= set(rec.data), taken_keys(notebook) - set(rec.data)
     check_facts(rec.data)
+
+
+# ------------------------------------------------------------------------------ verdicts the cells print
+
+NEW_KEYS = {"stream_switch", "graph"}  # measured by cells newer than the recording: checked once it holds them
+SWITCH, GRAPH = 'rec.take("stream_switch"', 'rec.take("graph"'
+
+
+def printed(notebook, marker: str, directory: Path | None = None) -> str:
+    """What the notebook's cell holding `marker` prints from a recording (the course's, or one in `directory`),
+    run here as on a CPU: the recorder never measures."""
+    cells = ["".join(c["source"]) for c in notebook["cells"] if c["cell_type"] == "code"]
+    ns: dict = {"time": time}
+    exec(next(c for c in cells if "HAS_CUDA = " in c), ns)  # the sizes
+    ns["rec"] = reference.Recorder(STEM, live=False, directory=directory)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(next(c for c in cells if marker in c), ns)
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("us, verdict", [
+    ({"bare": 14.3, "with each op": 40.1, "one with": 14.6}, "the stream switch costs more than the launch itself"),
+    ({"bare": 10.0, "with each op": 14.0, "one with": 10.1}, "the stream switch adds a large share to each launch"),
+    ({"bare": 10.0, "with each op": 10.8, "one with": 10.0}, "the stream switch is cheap next to the launch"),
+])
+def test_stream_switch_cell_prints_the_verdict_of_its_numbers(notebook, tmp_path, us, verdict):
+    reference.save(STEM, {"stream_switch": us}, directory=tmp_path)
+    text = printed(notebook, SWITCH, tmp_path)
+    assert f"on this machine: {verdict}: a `with` per op adds {us['with each op'] - us['bare']:.1f} µs" in text, text
+
+
+@pytest.mark.parametrize("eager, graph, verdict", [
+    ({"host_us": 5700.0, "gpu_us": 5710.0}, {"host_us": 14.0, "gpu_us": 820.0},
+     "replay ran a step 7.0x faster on the GPU: without Python between the kernels, the GPU spent 2.0 µs per kernel"),
+    ({"host_us": 900.0, "gpu_us": 3000.0}, {"host_us": 14.0, "gpu_us": 2950.0},
+     "replay ran a step no faster on the GPU: the eager loop was not launch-bound here"),
+])
+def test_graph_cell_prints_the_verdict_of_its_numbers(notebook, tmp_path, eager, graph, verdict):
+    reference.save(STEM, {"graph": {"ops": 400, "same_as_eager": True, "eager": eager, "graph": graph}},
+                   directory=tmp_path)
+    text = printed(notebook, GRAPH, tmp_path)
+    assert f"on this machine: {verdict}; the host spent" in text and "eager loop's result: True" in text, text
+
+
+def test_new_cells_say_so_when_the_recording_lacks_them(notebook, tmp_path):
+    reference.save(STEM, {"tiny": {}}, directory=tmp_path)
+    assert "no recording of this yet" in printed(notebook, SWITCH, tmp_path)
+    assert "no recording of this yet" in printed(notebook, GRAPH, tmp_path)
+
+
+@pytest.mark.parametrize("marker, verdict", [
+    (SWITCH, "on this machine: the stream switch costs more than the launch itself"),
+    (GRAPH, "on this machine: replay ran a step "),
+])
+def test_recorded_verdicts(notebook, marker, verdict):
+    key = re.search(r'"(\w+)"', marker).group(1)
+    if STEM not in reference.available() or key not in reference.load(STEM).data:
+        pytest.skip(f"the recording has no {key!r} yet: make it on a GPU with "
+                    f"python benchmarks/record_references.py {STEM}")
+    text = printed(notebook, marker)
+    assert verdict in text and "no faster" not in text, text
 
 
 @pytest.mark.gpu
