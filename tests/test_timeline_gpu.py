@@ -194,14 +194,16 @@ def test_sleeps_last_what_was_asked_and_are_labelled_with_their_length(rate):
 
     check = sleep_check((1.0, 5.0, 20.0), rate, warm=True)
     print("\n" + check.summary())
-    assert check.worst_ratio < 1.05 and min(m / r for r, m in zip(check.requested_ms, check.measured_ms, strict=True)) > 0.95
+    ratios = [m / r for r, m in zip(check.requested_ms, check.measured_ms, strict=True)]
+    assert max(ratios) < 1.05 and min(ratios) > 0.95, check.summary()
     tl = Timeline(mode="kernels")
     torch.cuda.synchronize()
     with tl.capture():
+        gpu_sleep(30.0, rate)  # raises the clock again: starting the profiler left the GPU idle for a while
         for ms in (1.0, 5.0, 20.0):
             gpu_sleep(ms, rate)
         torch.cuda.synchronize()
-    sleeps = sleep_kernels(tl.spans())
+    sleeps = sleep_kernels(tl.spans())[1:]
     print("[kernels mode] sleeps took", [round(s.duration_ms, 3) for s in sleeps], "ms for 1, 5, 20 asked")
     assert [round(s.duration_ms) for s in sleeps] == [1, 5, 20]
     assert bar_labels(sleeps[1])[0] == f"sleep {sleeps[1].duration_ms:.1f} ms"
