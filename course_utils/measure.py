@@ -1,9 +1,13 @@
 """Small measuring tools the lessons share: a GPU sleep of known length, the best of repeats, and a
 counter of host syncs.
 
-`torch.cuda._sleep(cycles)` spins one thread for a number of GPU clock cycles: one block on one SM,
-so it leaves the rest of the GPU idle. Clocks differ between GPUs (and with boost), so
-`cycles_per_ms()` times a known count once, with CUDA events, instead of assuming a frequency.
+`torch.cuda._sleep(cycles)` spins one thread for a number of SM clock cycles (`clock64()`, in
+aten/src/ATen/cuda/Sleep.cu): one block on one SM, so it leaves the rest of the GPU idle. Clocks differ
+between GPUs (and with boost), so `cycles_per_ms()` times known counts with CUDA events instead of assuming
+a frequency. A sleep lasts cycles / clock: where the SM clock runs lower when the sleep runs than when it was
+calibrated (a GPU that idled drops to a low clock and ramps back up over some ms; a GPU near its power
+limit lowers its clock), the same sleep takes longer. `sleep_check()` prints what a sleep really took, and a
+kernels-mode timeline labels each sleep with its measured length ("sleep 5.0 ms").
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import statistics
 import sys
 import warnings
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,28 +28,96 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 
+def _timed_sleep(cycles: int) -> float:
+    """ms that one `torch.cuda._sleep(cycles)` took on the current stream, between two CUDA events."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(cycles)
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
+
+
+def raise_clock(ms: float = 50.0, rate: float | None = None) -> None:
+    """Keep the GPU busy for about `ms` ms and wait for it, so that its SM clock has ramped up from idle.
+
+    Call it right before work whose sleeps must last what was asked (an idle GPU's clock is low, and a sleep
+    launched at that moment runs slower until the clock is up). Without `rate` it spins 1e6 cycles per ms
+    asked (a 1 GHz guess, so no calibration is needed): about half of `ms` at a 2 GHz clock.
+    """
+    torch.cuda._sleep(max(1, int(ms * (rate if rate is not None else 1e6))))
+    torch.cuda.synchronize()
+
+
 @functools.lru_cache(maxsize=8)
-def cycles_per_ms(device: int | None = None, probe_cycles: int = 20_000_000, repeats: int = 3) -> float:
-    """Cycles per millisecond of `torch.cuda._sleep` on this GPU (median of `repeats` timings)."""
+def cycles_per_ms(device: int | None = None, probe_cycles: int = 20_000_000, repeats: int = 5) -> float:
+    """Cycles per millisecond of `torch.cuda._sleep` on this GPU: the median of `repeats` timed sleeps of
+    `probe_cycles` (about 10 ms each at 2 GHz), after a burst of about 50 ms that loads the kernel and brings
+    the SM clock up from idle (timed from idle, the first sleeps ran at a lower clock, and the rate came out low).
+
+    Cached per argument set; `cycles_per_ms.cache_clear()` makes the next call measure again."""
     if not torch.cuda.is_available():
         raise RuntimeError("cycles_per_ms needs a CUDA GPU")
     dev = torch.cuda.current_device() if device is None else device
     with torch.cuda.device(dev):
-        torch.cuda._sleep(probe_cycles // 10)  # warm-up: the first launch loads the kernel
-        rates = []
-        for _ in range(repeats):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            torch.cuda._sleep(probe_cycles)
-            end.record()
-            end.synchronize()
-            rates.append(probe_cycles / start.elapsed_time(end))
+        raise_clock(100.0)  # about 50 ms at 2 GHz; also the kernel's first launch (lazy loading), untimed
+        rates = [probe_cycles / _timed_sleep(probe_cycles) for _ in range(repeats)]
     return statistics.median(rates)
 
 
 def gpu_sleep(ms: float, rate: float | None = None) -> None:
-    """Enqueue one kernel that keeps one SM busy for about `ms` ms on the current stream (host returns at once)."""
+    """Enqueue one kernel that keeps one SM busy for about `ms` ms on the current stream (host returns at once).
+
+    The kernel counts SM clock cycles, so it lasts `ms` at the clock `cycles_per_ms()` measured; at a lower
+    clock it lasts longer (see the module docstring). Returns None, so a cell that ends with it prints nothing."""
     torch.cuda._sleep(max(1, int(ms * (rate if rate is not None else cycles_per_ms()))))
+
+
+@dataclass
+class SleepCheck:
+    """What `sleep_check` measured: each requested length (ms) and what the sleep took, timed with events."""
+
+    requested_ms: list[float]
+    measured_ms: list[float]
+    rate: float
+
+    @property
+    def worst_ratio(self) -> float:
+        """The largest measured / requested of the sleeps (1.0: every sleep as long as asked)."""
+        return max(m / r for r, m in zip(self.requested_ms, self.measured_ms, strict=True))
+
+    def summary(self) -> str:
+        rows = [f"gpu_sleep({r:g}) took {m:.2f} ms ({m / r:.0%} of the request)"
+                for r, m in zip(self.requested_ms, self.measured_ms, strict=True)]
+        return f"calibration: {self.rate / 1e6:.3f} GHz (cycles per ns)\n" + "\n".join(rows)
+
+
+def sleep_check(requested_ms: Iterable[float] = (1.0, 5.0, 20.0), rate: float | None = None,
+                warm: bool = False) -> SleepCheck:
+    """Time `gpu_sleep(ms)` for each requested length, one at a time on the current stream, with CUDA events.
+
+    warm=False times them as a lesson's sleeps run (whatever the clock is now); warm=True raises the clock first.
+    """
+    if not torch.cuda.is_available():
+        raise RuntimeError("sleep_check needs a CUDA GPU")
+    rate = cycles_per_ms() if rate is None else rate
+    if warm:
+        raise_clock(50.0, rate)
+    requested = [float(ms) for ms in requested_ms]
+    measured = [_timed_sleep(max(1, int(ms * rate))) for ms in requested]
+    return SleepCheck(requested, measured, rate)
+
+
+def sleep_kernels(spans: Iterable[Any]) -> list[Any]:
+    """The sleep kernels among a timeline's spans (Span objects or their dicts), by start time: their
+    `end_ms - start_ms` is what each sleep really took, to predict from instead of the requested lengths."""
+    from .timeline.plot import is_sleep_kernel
+
+    def get(s: Any, key: str) -> Any:
+        return s[key] if isinstance(s, dict) else getattr(s, key)
+
+    found = [s for s in spans if get(s, "kind") == "compute" and is_sleep_kernel(str(get(s, "name")))]
+    return sorted(found, key=lambda s: get(s, "start_ms"))
 
 
 def best_of(fn: Callable[[], float], repeats: int = 3) -> float:

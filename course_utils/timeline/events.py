@@ -2,7 +2,7 @@
 
 The events-mode half of a Timeline (record.py holds the Timeline, kernels.py the kernels-mode half):
 - events come from a pool and go back to it once their times are read, so a loop of spans allocates none;
-- each CUDA stream gets a row label: the one `tl.name_stream` gave it, else 'default stream' or 'stream <n>';
+- each CUDA stream gets a row label: the one `tl.name_stream` gave it, else 'default stream' or 'side stream <n>';
 - the anchor: `tl.spans()` waits for the device once, records one event on the idle device and notes the
   host time around its completion; each event's time is the anchor's host time minus
   `event.elapsed_time(anchor)`, within half the time the anchor took (`Timeline.anchor_uncertainty_ms`).
@@ -39,6 +39,7 @@ class EventRecorder:
         self._device = device
         self.pool: list[torch.cuda.Event] = []
         self.stream_labels: dict[int, str] = {}  # stream.cuda_stream -> row label
+        self.auto = 0  # side streams named "side stream <n>" so far
 
     def event(self) -> torch.cuda.Event:
         return self.pool.pop() if self.pool else torch.cuda.Event(enable_timing=True)
@@ -53,11 +54,17 @@ class EventRecorder:
         self.stream_labels[stream.cuda_stream] = label
 
     def label(self, stream: Any) -> str:
+        """The stream's row: its name, else 'default stream', else 'side stream <n>' in order of first use."""
         key = stream.cuda_stream
         if key not in self.stream_labels:
-            default = torch.cuda.default_stream(stream.device).cuda_stream
-            n = sum(1 for k in self.stream_labels if k != default)
-            self.stream_labels[key] = "default stream" if key == default else f"stream {n + 1}"
+            if key == torch.cuda.default_stream(stream.device).cuda_stream:
+                self.stream_labels[key] = "default stream"
+            else:
+                taken, n = set(self.stream_labels.values()), self.auto + 1
+                while f"side stream {n}" in taken:
+                    n += 1
+                self.auto = n
+                self.stream_labels[key] = f"side stream {n}"
         return self.stream_labels[key]
 
     def anchor(self) -> Anchor:

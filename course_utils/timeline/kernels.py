@@ -27,18 +27,21 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 import threading
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .profiler_trace import ANCHOR, PROBE, OwnRange, spans_from_trace
 from .spans import Span
 
 __all__ = ["KernelRecorder"]
+
+_RAW_ROW = re.compile(r"stream \d+")  # profiler_trace's row for a stream no probe named
 
 
 # ---------------------------------------------------------------------- recording (one profiler at a time)
@@ -147,6 +150,7 @@ class KernelRecorder:
         self.host_ops = (not cuda) if host_ops is None else host_ops
         self.ranges: list[OwnRange] = []
         self.stream_labels: dict[Any, str] = {}  # torch stream -> label
+        self.auto_labels: dict[str, str] = {}  # "stream <profiler id>" -> "side stream <n>", for unnamed streams
         self.spans: list[Span] = []
         self.depth = 0
         self.session: _Session | None = None
@@ -225,12 +229,28 @@ class KernelRecorder:
             window = ((member.start_ns - origin) / 1e6, (member.end_ns - origin) / 1e6)
         mine = [r for r in self.ranges if r.session == ident]
         dev = self._device() if (self.cuda and self._device is not None) else None
-        self.spans += spans_from_trace(data, self.rank, self.host_ops, to_ms=to_ms,
-                                       stream_names=self.stream_labels.values(),
-                                       device=dev, main_tid=self.tid, own=mine, window=window)
+        spans = spans_from_trace(data, self.rank, self.host_ops, to_ms=to_ms, stream_names=self.stream_labels.values(),
+                                 device=dev, main_tid=self.tid, own=mine, window=window)
+        self.spans += self._side_stream_names(spans)
         self.ranges = [r for r in self.ranges if r.session != ident]
         self.clock_uncertainty_ms = max(self.clock_uncertainty_ms, unc)
         self.pending -= 1
+
+    def _side_stream_names(self, spans: list[Span]) -> list[Span]:
+        """Rows the trace could only call "stream <profiler id>" (streams nobody named) become "side stream 1",
+        "side stream 2", ... in order of first appearance, the same name in every capture of this timeline.
+
+        Every capture probes the default stream, so an unnamed row is never the default stream's."""
+        named = set(self.stream_labels.values())
+        taken = named | set(self.auto_labels.values())
+        for s in sorted(spans, key=lambda s: s.start_ms):
+            if _RAW_ROW.fullmatch(s.stream) and s.stream not in self.auto_labels and s.stream not in named:
+                n = len(self.auto_labels) + 1
+                while f"side stream {n}" in taken:
+                    n += 1
+                self.auto_labels[s.stream] = f"side stream {n}"
+                taken.add(f"side stream {n}")
+        return [replace(s, stream=self.auto_labels.get(s.stream, s.stream)) for s in spans]
 
     # ------------------------------------------------------------ ranges and streams
     def begin(self, name: str, label: str | None) -> tuple[OwnRange, Any]:

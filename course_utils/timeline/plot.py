@@ -10,6 +10,7 @@ the notebook's own code.
 from __future__ import annotations
 
 import math
+import re
 import textwrap
 from dataclasses import dataclass
 from typing import Any
@@ -40,23 +41,33 @@ MODE_NOTES = {
 FIG_W = 8.0  # inches (100 px each in a notebook): with the legend beside it, about 1000 px before shrinking
 FONT = 12  # axis labels, ticks; legend and footer one point smaller
 BAR_FONT = 11  # names inside bars and marks
-ROW_LABEL_MAX = 24
+ROW_LABEL_MAX = 26
 RANGE_H = 0.45  # height of one lane of named ranges, in rows
 
-__all__ = ["COLORS", "LABELS", "Layout", "RowLayout", "display_name", "footer", "layout", "plot"]
+__all__ = ["COLORS", "LABELS", "SLEEP_KERNEL", "Layout", "RowLayout", "bar_labels", "display_name", "footer",
+           "is_sleep_kernel", "layout", "plot"]
 
 
 def _short(label: str, n: int = ROW_LABEL_MAX) -> str:
     return label if len(label) <= n else label[: n - 1] + "…"
 
 
-def display_name(name: str) -> str:
-    """A kernel's name without return type, namespaces, template and call arguments (as HTA shortens them):
-    "void at::native::vectorized_elementwise_kernel<4, ...>(int, ...)" -> "vectorized_elementwise_kernel"."""
-    if not ("<" in name or name.startswith("void ") or ("::" in name and "(" in name)):
-        return name  # not a C++ signature: "sleep (20 ms)" or "aten::matmul" stays as it is
+SLEEP_KERNEL = "spin_kernel"  # the kernel behind torch.cuda._sleep (aten/src/ATen/cuda/Sleep.cu)
+# Functor names that say how an elementwise kernel is built, not which op it runs ("AUnaryFunctor<..., MulFunctor>")
+_GENERIC_FUNCTORS = {"AUnary", "BUnary", "Binary", "Unary", "CUDA", "Compare", "Reduce"}
+_FUNCTOR = re.compile(r"(\w+?)Functor(?:OnSelf|OnOther)?(?:_(\w+))?\b")
+
+
+def is_sleep_kernel(name: str) -> bool:
+    """True for the kernel of torch.cuda._sleep / course_utils.measure.gpu_sleep."""
+    return SLEEP_KERNEL in name
+
+
+def _signature_name(name: str) -> str:
+    """The function's own name in a C++ signature (no return type, namespaces, template or arguments)."""
+    name = name.removeprefix("void ").replace("(anonymous namespace)", "anon")
     short, depth = [], 0
-    for ch in name.removeprefix("void "):
+    for ch in name:
         if ch == "<":
             depth += 1
         elif ch == ">":
@@ -65,16 +76,81 @@ def display_name(name: str) -> str:
             break
         elif depth == 0:
             short.append(ch)
-    out = "".join(short).strip().split("::")[-1].strip()
-    return out or name
+    return "".join(short).strip().split("::")[-1].strip()
 
 
-def _fit(name: str, width_frac: float, axes_in: float = FIG_W - 2.5) -> str:
-    """`name` cut to what fits in a bar `width_frac` of the axis wide (an estimate of the font's widths), or ''."""
-    chars = int(width_frac * axes_in * 72 / (0.7 * BAR_FONT)) - 1
-    if chars < 4:
+def _op_of(name: str) -> str | None:
+    """The op an ATen elementwise kernel runs, from its functor: "...CUDAFunctorOnSelf_add<float>..." -> "add"."""
+    for m in _FUNCTOR.finditer(name):
+        if m.group(2):
+            return m.group(2)
+        if m.group(1) not in _GENERIC_FUNCTORS:
+            return m.group(1).split("::")[-1].lower()
+    return None
+
+
+def display_name(name: str) -> str:
+    """A kernel's name without return type, namespaces, template and call arguments (as HTA shortens them):
+    "void at::native::vectorized_elementwise_kernel<4, ...>(int, ...)" -> "vectorized_elementwise_kernel";
+    torch.cuda._sleep's "at::cuda::(anonymous namespace)::spin_kernel(long)" -> "sleep"."""
+    if is_sleep_kernel(name):
+        return "sleep"
+    if not ("<" in name or name.startswith("void ") or ("::" in name and "(" in name)):
+        return name  # not a C++ signature: "sleep (20 ms)" or "aten::matmul" stays as it is
+    return _signature_name(name) or name
+
+
+def bar_labels(s: Span) -> list[str]:
+    """Names for a bar, most telling first; the plot draws the first that fits (else the last, cut).
+
+    A sleep kernel is named with its measured length ("sleep 5.0 ms"): a sleep lasts a number of SM clock
+    cycles, so at a lower clock it runs longer than asked; the label shows what it really took. An ATen
+    elementwise kernel is named by its op ("add (vectorized_elementwise_kernel)", then "add"); a copy or memset
+    by its direction ("Memcpy HtoD (Pinned -> Device)", "Memcpy HtoD", "HtoD").
+    """
+    name = s.name
+    if is_sleep_kernel(name):
+        return [f"sleep {s.duration_ms:.1f} ms", "sleep"]
+    short = display_name(name)
+    out = [short]
+    if short != name and "elementwise" in short:
+        op = _op_of(name)
+        if op:
+            out = [f"{op} ({short})", op]
+    elif short == name and name.startswith(("Memcpy ", "Memset ")) and "(" in name:
+        short = name.split("(")[0].strip()
+        out += [short, short.split()[-1]] if short.startswith("Memcpy ") else [short]  # ..., "Memcpy HtoD", "HtoD"
+    return out
+
+
+def _text_in(text: str, size: float = BAR_FONT) -> float:
+    """Width of `text` in inches at `size` pt in matplotlib's default font, measured without a figure."""
+    from matplotlib.font_manager import FontProperties
+    from matplotlib.textpath import text_to_path
+
+    return text_to_path.get_text_width_height_descent(text, FontProperties(size=size), ismath=False)[0] / 72
+
+
+def _fit(name: str, width_in: float) -> str:
+    """`name`, cut with an ellipsis to what fits in a bar `width_in` inches wide with a little margin, or ''."""
+    room = width_in - 0.12
+    if not name or room < _text_in("abc…"):
         return ""
-    return name if len(name) <= chars else name[: chars - 1] + "…"
+    if _text_in(name) <= room:
+        return name
+    lo, hi = 1, len(name) - 1  # the longest prefix that fits with its ellipsis
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if _text_in(name[:mid] + "…") <= room else (lo, mid - 1)
+    return name[:lo] + "…" if lo >= 3 else ""
+
+
+def _fit_any(names: list[str], width_in: float) -> str:
+    """The first of `names` that fits whole in the bar, else the last one cut to fit (or '')."""
+    for n in names:
+        if _fit(n, width_in) == n:
+            return n
+    return _fit(names[-1], width_in)
 
 
 def _inside(wait: Span, work: list[Span]) -> int | None:
@@ -133,7 +209,7 @@ def layout(spans: list[Span]) -> Layout:
             labels.append(label)
     timed = [s for s in spans if s.kind != MARK] or spans
     zero = min((s.start_ms for s in timed), default=0.0)
-    end = max((s.end_ms for s in timed), default=1.0)
+    end = max((s.end_ms for s in spans if s.start_ms >= zero), default=1.0)  # marks after the work stay in view
     rows = {}
     for r in labels:
         mine = [s for s in spans if row_label(s, multi) == r]
@@ -163,8 +239,9 @@ def footer(spans: list[Span], mode: str | None = None, skew_ms: float | None = N
 class _Bars:
     """Draws bars on one axes; a bar narrower than `min_w` ms is widened to it and marked with a caret."""
 
-    def __init__(self, ax: Any, zero: float, min_w: float):
+    def __init__(self, ax: Any, zero: float, min_w: float, in_per_ms: float):
         self.ax, self.zero, self.min_w, self.narrow = ax, zero, min_w, 0
+        self.in_per_ms = in_per_ms  # the axes' width over its time span: how wide a bar will be on paper
 
     def bar(self, s: Span, y: float, h: float, **kw: Any) -> tuple[float, float]:
         x, w = s.start_ms - self.zero, s.duration_ms
@@ -180,7 +257,7 @@ def _draw_ranges(b: _Bars, row: RowLayout, y0: float, span_ms: float) -> None:
     for s, lane in zip(row.ranges, row.range_lanes, strict=True):
         h = RANGE_H
         x, w = b.bar(s, y0 + lane * h + 0.03, h - 0.04, facecolor=RANGE_COLOR, edgecolor="black", linewidth=0.6)
-        label = _fit(s.name, w / span_ms)
+        label = _fit(s.name, w * b.in_per_ms)
         if label:
             b.ax.text(x + 0.005 * span_ms, y0 + (lane + 0.5) * h, label, ha="left", va="center",
                       fontsize=BAR_FONT, color="black", clip_on=True)
@@ -200,10 +277,12 @@ def _draw_work(b: _Bars, row: RowLayout, top: float, span_ms: float) -> None:
         free = subtract([(x, x + w)], union((wt.start_ms - zero, wt.end_ms - zero) for wt in row.inner_waits
                                             if s.start_ms <= wt.start_ms and wt.end_ms <= s.end_ms))
         fx, fw = max(((a, c - a) for a, c in free), key=lambda p: p[1], default=(x, 0.0))
-        label = _fit(display_name(s.name), fw / span_ms)  # only names that fit inside their bar
+        label = _fit_any(bar_labels(s), fw * b.in_per_ms)  # only names that fit inside their bar
         if label:
             b.ax.text(fx + fw / 2, top + lane + 0.5, label, ha="center", va="center", fontsize=BAR_FONT,
-                      color="black" if s.kind in ("wait", "host") else "white", clip_on=True)
+                      color="black" if s.kind in ("wait", "host") else "white", clip_on=True,
+                      # a name over a wait's hatching is unreadable without a plain patch behind it
+                      bbox={"facecolor": "white", "edgecolor": "none", "pad": 1} if s.kind == "wait" else None)
     for wt in row.inner_waits:
         host = next(s for s in row.work if s.start_ms <= wt.start_ms and wt.end_ms <= s.end_ms and s.kind != "wait")
         b.bar(wt, top + lane_of[id(host)] + 0.08, 0.84, facecolor=COLORS["wait"], edgecolor="black",
@@ -233,8 +312,9 @@ def _draw_rows(b: _Bars, lay: Layout) -> tuple[list[float], float]:
     return yticks, y0
 
 
-def _legend(ax: Any, spans: list[Span], narrow: bool) -> int:
-    """One entry per kind drawn, above the plot (the bars keep the figure's width); returns its rows."""
+def _legend(ax: Any, spans: list[Span], narrow: bool) -> float:
+    """One entry per kind drawn, above the axes and outside them (it never covers a bar); returns its height
+    in points, so the title can sit above it."""
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
@@ -246,11 +326,39 @@ def _legend(ax: Any, spans: list[Span], narrow: bool) -> int:
     if narrow:
         handles.append(Line2D([], [], marker="v", color="black", linestyle="", label="widened to be visible"))
     if not handles:
-        return 0
-    ncol = min(len(handles), 3)
-    ax.legend(handles=handles, loc="lower left", bbox_to_anchor=(0.0, 1.01), ncol=ncol, fontsize=FONT - 1,
-              frameon=False, borderaxespad=0.2, handlelength=1.6, columnspacing=1.5)
-    return math.ceil(len(handles) / ncol)
+        return 0.0
+    ncol = _legend_columns([h.get_label() for h in handles], ax.figure.get_figwidth())
+    legend = ax.legend(handles=handles, loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=ncol,
+                       fontsize=FONT - 1, frameon=False, borderaxespad=0.3, handlelength=1.6, columnspacing=1.5)
+    rows = math.ceil(len(handles) / ncol)
+    try:  # its real height (fonts differ between machines); a legend's size in points does not change with layout
+        fig = ax.figure
+        return legend.get_window_extent(fig.canvas.get_renderer()).height * 72 / fig.dpi + 0.3 * (FONT - 1)
+    except (AttributeError, TypeError):  # a canvas without a renderer: the height of `rows` rows of text
+        return rows * (FONT + 6) + 6
+
+
+def _legend_columns(labels: list[str], fig_w: float) -> int:
+    """As many columns as fit in one row of the figure's width (an estimate of the font's widths), rows balanced."""
+    per_entry_in = [(len(label) * 0.6 * (FONT - 1) + (1.6 + 0.8 + 1.5) * (FONT - 1)) / 72 for label in labels]
+    for rows in range(1, len(labels) + 1):
+        ncol = math.ceil(len(labels) / rows)
+        # matplotlib fills column by column, the first len % ncol columns one entry longer (Legend._init_legend_box)
+        small, large = divmod(len(labels), ncol)
+        sizes = [small + 1] * large + [small] * (ncol - large)
+        starts = [sum(sizes[:c]) for c in range(ncol)]
+        widths = [max(per_entry_in[a:a + n]) for a, n in zip(starts, sizes, strict=True) if n]
+        if sum(widths) <= fig_w - 0.3:
+            return ncol
+    return 1
+
+
+def _axes_width_in(ax: Any, lay: Layout, own_figure: bool) -> float:
+    """The axes' width once laid out: our figure less the row labels and margins; else the caller's axes now."""
+    if not own_figure:
+        return ax.get_position().width * ax.figure.get_figwidth()
+    labels = max((_text_in(_short(r), FONT) for r in lay.rows), default=0.0)
+    return FIG_W - labels - 0.45  # tick marks, padding, the right margin
 
 
 def _axes(ax: Any, lay: Layout, yticks: list[float], bottom: float, mode: str | None) -> None:
@@ -261,8 +369,8 @@ def _axes(ax: Any, lay: Layout, yticks: list[float], bottom: float, mode: str | 
     ax.set_xlim(-0.01 * lay.span_ms, lay.span_ms * 1.01)
     ax.set_xlabel("time (ms) from the first recorded event", fontsize=FONT)
     ax.tick_params(axis="x", labelsize=FONT)
-    if mode == "events":
-        ax.set_ylabel("stream progress (CUDA events)", fontsize=FONT)
+    # No y-label: a vertical one is taller than a plot of one or two rows and ran into the text under it; the
+    # footer's first line says what the bars mean in this mode ("events mode: ... stream progress ...").
     ax.grid(axis="x", alpha=0.3)
 
 
@@ -306,11 +414,12 @@ def plot(spans: list[Span], title: str | None = None, min_width_frac: float = 0.
         ax = fig.add_subplot(1, 1, 1)
     else:
         fig = ax.figure
-    bars = _Bars(ax, lay.zero, min_width_frac * lay.span_ms)
+    in_per_ms = _axes_width_in(ax, lay, own_figure) / (lay.span_ms * 1.02)
+    bars = _Bars(ax, lay.zero, min_width_frac * lay.span_ms, in_per_ms)
     yticks, bottom = _draw_rows(bars, lay)
     _axes(ax, lay, yticks, bottom, mode)
-    legend_rows = _legend(ax, spans, bool(bars.narrow))
+    legend_pt = _legend(ax, spans, bool(bars.narrow))
     if title:
-        ax.set_title(title, fontsize=FONT + 1, pad=6 + legend_rows * (FONT + 4))
+        ax.set_title(title, fontsize=FONT + 1, pad=4 + legend_pt)
     _place_text(fig, ax, text, own_figure, plot_h, text_h)
     return fig

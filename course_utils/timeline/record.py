@@ -4,7 +4,8 @@
     with tl.capture():                # kernels mode: one torch.profiler run; a no-op in the other modes
         with tl.span("chain 0", stream=s):
             y = x @ x
-    tl.name_stream(s, "side 1")       # row label (else "stream <id>")
+    tl.name_stream(s, "side 1")       # row label (else "default stream", or "side stream <n>" in order of appearance)
+    # or all at once: Timeline(streams={"copy": s_copy, "compute": s_comp})
     tl.spans(); tl.stats(); tl.plot(); tl.to_chrome_trace("trace.json")
 
 Modes:
@@ -78,11 +79,13 @@ class Timeline:
     host, unless mode="kernels": the profiler's CPU ops, e.g. gloo collectives); "cuda:N" or an int picks
     a GPU. rank: None takes the process group's rank when torch.distributed is
     initialised, else 0. host_ops (kernels mode): also draw each thread's top-level CPU ops; default on
-    only without CUDA.
+    only without CUDA. streams: {row label: torch.cuda.Stream} names those streams' rows, as `name_stream`
+    does (e.g. `streams={"copy": s_copy, "compute": s_comp}`); unnamed streams are "default stream" and
+    "side stream 1", "side stream 2", ... in order of appearance.
     """
 
     def __init__(self, device: str | int | torch.device | None = None, rank: int | None = None,
-                 mode: str | None = None, host_ops: bool | None = None):
+                 mode: str | None = None, host_ops: bool | None = None, streams: dict[str, Any] | None = None):
         if mode is not None and mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)} or None, not {mode!r}")
         if device is None:
@@ -126,6 +129,10 @@ class Timeline:
             self._make_recorder()
         elif self.mode == "events":
             self._events = EventRecorder(self.origin_ns, self._device)
+        for label, stream in (streams or {}).items():
+            if isinstance(stream, str) or not isinstance(label, str):
+                raise TypeError("streams= maps a row label (str) to its stream: streams={'copy': s_copy}")
+            self.name_stream(stream, label)
 
     def _make_recorder(self) -> None:
         from .kernels import KernelRecorder
@@ -187,7 +194,10 @@ class Timeline:
         return index
 
     def name_stream(self, stream: Any, label: str) -> None:
-        """Label a CUDA stream's row (default labels: 'default stream', then 'stream <n>')."""
+        """Label a CUDA stream's row (unnamed: 'default stream', else 'side stream <n>' in order of appearance).
+
+        Name a stream before the work on it is recorded (events mode labels a span when it begins). Ignored
+        where there is no CUDA (the same notebook code runs on a CPU)."""
         if not (self._cuda and isinstance(stream, torch.cuda.Stream)):
             return
         if self._kernels is not None:
