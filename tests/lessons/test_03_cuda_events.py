@@ -362,11 +362,11 @@ def test_gpu_tests_harness_builds_on_cpu():
     # The GPU tests below run the notebook's own functions: they must at least be found and defined here.
     # Not the sanitizer's cell: importing torch.cuda._sanitizer turns on GPU trace hooks for the whole process.
     ns = notebook_namespace("event_basics", "elapsed_with_wait", "run_schedule", "producer_consumer",
-                            "default_then_side", "reuse_across_streams", "broken_pipeline",
-                            solution_of="ex03_fix_pipeline")
+                            "default_then_side", "allocator_waits", "reuse_across_streams", "broken_pipeline",
+                            *BENCH_FUNCTIONS, solution_of="ex03_fix_pipeline")
     for name in ("elapsed_with_idle", "elapsed_on_a_timeline", "kernels_on", "producer_consumer_timeline",
                  "cuda_mallocs", "in_a_fresh_process", "RACE_CASES", "run_pipeline", "fixed_pipeline", "produce",
-                 "consume", "SCHEDULES"):
+                 "consume", "SCHEDULES", "malloc_verdict", "after_queued_sleep", "l2_hot_cold"):
         assert name in ns, name
     compile(cell("under_sanitizer"), "under_sanitizer", "exec")
     for path in wrong_answers("ex03_fix_pipeline"):
@@ -513,3 +513,152 @@ def test_pipeline_demo_broken_and_fixed():
     span = max(s["end_ms"] for s in spins) - min(s["start_ms"] for s in spins)
     print(f"broken: {broken['wrong']} wrong; fixed: {fixed['wrong']} wrong, busy/makespan {busy / span:.2f}")
     assert broken["wrong"] > 0 and fixed["wrong"] == 0 and busy / span > ev.MIN_CONCURRENCY
+
+
+# ----------------------------------------------------------------- the cudaMalloc claim, the allocator's sure waits
+def test_lazy_loading_is_linked_not_taught_again():
+    prose = " ".join("".join(c["source"]) for c in NB["cells"] if c["cell_type"] == "markdown")
+    assert prose.count("see lesson 01, 'One more hidden wait'") >= 2
+    assert "loaded\n  lazily" not in prose and "Kernels are loaded" not in prose
+
+
+def test_the_cudamalloc_claim_cites_its_edition_and_prints_what_was_measured():
+    rows = markdown("Row by row:")
+    for source in ('"Implicit Synchronization"', "CUDA 12.x", '"Stream-Ordered Memory Allocator"',
+                   '"API synchronization behavior"'):
+        assert source in rows, source
+    race_cell = next(s for s in ("".join(c["source"]) for c in NB["cells"]) if s.startswith("race = rec.take("))
+    for printed in ("provenance()", "rec.recording.provenance", "malloc_verdict(race)"):  # the machine and the runs
+        assert printed in race_cell, printed
+
+
+def _race_row(warm_kernel=True, mallocs=1, right=False, pause=0.0, wait=False) -> dict:
+    want = 2.0 * (1 << 20)
+    return {"warm_kernel": warm_kernel, "warm_allocator": mallocs == 0, "pause_ms": pause, "wait": wait,
+            "cudaMalloc": mallocs, "y_sum": want if right else 0.0, "want": want}
+
+
+def test_malloc_verdict_reads_only_the_rows_where_a_cudamalloc_stood_between():
+    verdict = notebook_namespace("default_then_side")["malloc_verdict"]
+    others = [_race_row(warm_kernel=False, right=True), _race_row(mallocs=0), _race_row(pause=100.0, right=True),
+              _race_row(mallocs=0, wait=True, right=True)]
+    assert verdict(others + [_race_row()] * 3).startswith("in 3 of 3 runs") and "did not keep" in verdict([_race_row()])
+    assert "kept the two streams apart" in verdict(others + [_race_row(right=True)] * 2)
+    assert verdict([_race_row(), _race_row(right=True)]).startswith("y was WRONG in 1 of 2 runs")
+    assert verdict(others).startswith("no run had")
+
+
+def recorded(key: str):
+    if STEM not in reference.available() or key not in reference.load(STEM).data:
+        pytest.skip(f"no recording of {key!r} yet: python benchmarks/record_references.py {STEM} on a GPU")
+    return reference.load(STEM).data[key]
+
+
+def test_recorded_race_shows_the_cudamalloc_rows_wrong():
+    verdict = notebook_namespace("default_then_side")["malloc_verdict"]
+    assert "y was WRONG" in verdict(recorded("race"))
+
+
+ALLOC_CASES = ("torch.empty, a new segment (cudaMalloc)", "empty_cache(), nothing cached",
+               "empty_cache(), one block cached (cudaFree)", "torch.empty over a memory cap (OOM retry)")
+
+
+def check_allocator_waits(a: dict, ns: dict) -> None:
+    """What the allocator cell must show: freeing waits for queued work, an empty empty_cache does not."""
+    cases = a["cases"]
+    assert list(cases) == list(ALLOC_CASES)
+    assert ns["waited"](cases[ALLOC_CASES[2]]["host_ms"], a["sleep_ms"]), cases
+    assert ns["waited"](cases[ALLOC_CASES[3]]["host_ms"], a["sleep_ms"]), cases
+    assert not ns["waited"](cases[ALLOC_CASES[1]]["host_ms"], a["sleep_ms"]), cases
+    if "num_alloc_retries" in cases[ALLOC_CASES[3]]:  # counters this torch reports
+        assert cases[ALLOC_CASES[3]]["num_alloc_retries"] == 1 and cases[ALLOC_CASES[3]]["num_device_free"] >= 1
+        assert cases[ALLOC_CASES[2]]["num_device_free"] >= 1 and cases[ALLOC_CASES[1]]["num_device_free"] == 0
+    verdict = ns["allocator_verdict"](a)
+    assert ALLOC_CASES[2] in verdict and ALLOC_CASES[3] in verdict and ALLOC_CASES[1] not in verdict
+
+
+def _alloc(*host_ms) -> dict:
+    cases = {name: {"host_ms": ms} for name, ms in zip(ALLOC_CASES, host_ms, strict=True)}
+    return {"sleep_ms": 50.0, "MiB": 256, "cases": cases}
+
+
+def test_allocator_verdict_names_the_calls_that_waited():
+    ns = notebook_namespace("allocator_waits")
+    check_allocator_waits(_alloc(0.4, 0.02, 49.8, 50.3), ns)
+    assert ns["allocator_verdict"](_alloc(0.4, 0.02, 0.1, 0.3)) == "no call waited for the queued work"
+    with pytest.raises(AssertionError):
+        check_allocator_waits(_alloc(0.4, 0.02, 0.1, 50.3), ns)  # a cudaFree that did not wait
+
+
+def test_recorded_allocator_waits():
+    check_allocator_waits(recorded("allocator_waits"), notebook_namespace("allocator_waits"))
+
+
+# ----------------------------------------------------------------- benchmarking practice
+BENCH_FUNCTIONS = ("timer_vs_host_clock", "do_bench_next_to_timer", "per_call_vs_batched", "hot_vs_cold",
+                   "events_on_the_wrong_stream")
+
+
+def check_bench(key: str, data: dict, ns: dict) -> None:
+    """The verdict each benchmarking cell must print, from its numbers."""
+    if key == "bench_timer":
+        assert "timed the launches only" in ns["timer_verdict"](data), data
+    elif key == "bench_do_bench":
+        assert data["triton"] is None or (data["clears_cache"] and data["us"] > 0), data
+    elif key == "bench_event_batching":
+        assert data["per_call_us"] > 1.5 * data["gated_us"], data
+        assert ns["batching_verdict"](data).startswith("one pair per call said")
+    elif key == "bench_l2":
+        assert data["L2_MB"], data
+        assert "changed the time" in ns["l2_verdict"](data["fits"]), data
+        fits, too_big = (data[k]["cold_us"] / data[k]["hot_us"] for k in ("fits", "too_big"))
+        assert too_big < fits, data
+    elif key == "bench_wrong_stream":
+        assert "nothing useful" in ns["wrong_stream_verdict"](data) and data["side_ms"] > 0.5 * data["sleep_ms"], data
+    else:
+        raise KeyError(key)
+
+
+def test_benchmark_verdicts_on_plain_data():
+    ns = notebook_namespace(*BENCH_FUNCTIONS)
+    check_bench("bench_timer", {"median_us": 30.0, "host_clock_us": 5.0}, ns)
+    assert "within 1.1x" in ns["timer_verdict"]({"median_us": 5.5, "host_clock_us": 5.0})
+    check_bench("bench_event_batching", {"per_call_us": 12.0, "batched_us": 6.0, "gated_us": 2.0}, ns)
+    assert "close to it" in ns["batching_verdict"]({"per_call_us": 3.0, "batched_us": 2.1, "gated_us": 2.0})
+    check_bench("bench_l2", {"L2_MB": 60.0, "fits": {"hot_us": 4.0, "cold_us": 9.0},
+                             "too_big": {"hot_us": 60.0, "cold_us": 62.0}}, ns)
+    assert "changed little" in ns["l2_verdict"]({"hot_us": 60.0, "cold_us": 62.0})
+    check_bench("bench_wrong_stream", {"sleep_ms": 20.0, "current_ms": 0.03, "side_ms": 20.1}, ns)
+    assert "something ordered" in ns["wrong_stream_verdict"]({"sleep_ms": 20.0, "current_ms": 20.1, "side_ms": 20.1})
+    with pytest.raises(AssertionError):
+        check_bench("bench_event_batching", {"per_call_us": 2.2, "batched_us": 2.1, "gated_us": 2.0}, ns)
+
+
+@pytest.mark.parametrize("key", ["bench_timer", "bench_do_bench", "bench_event_batching", "bench_l2",
+                                 "bench_wrong_stream"])
+def test_recorded_benchmark_verdicts(key):
+    check_bench(key, recorded(key), notebook_namespace(*BENCH_FUNCTIONS))
+
+
+def test_the_benchmarking_section_uses_the_tools_it_names():
+    text = "\n".join("".join(c["source"]) for c in NB["cells"] if c["cell_type"] == "code")
+    for call in ("Timer(", ".blocked_autorange(", "triton.testing.do_bench(", "L2_cache_size", "import triton"):
+        assert call in text, call
+    do_bench = cell("do_bench_next_to_timer")
+    assert do_bench.index("except ImportError") < do_bench.index("triton.testing.do_bench(")  # guarded
+
+
+@pytest.mark.gpu
+def test_allocator_waits_and_benchmarking_practice_live():
+    ns = notebook_namespace("allocator_waits", *BENCH_FUNCTIONS)
+    a = ns["allocator_waits"](50.0, 256 << 20)
+    print(json.dumps(a, indent=1))
+    check_allocator_waits(a, ns)
+    for key, measure in (("bench_timer", lambda: ns["timer_vs_host_clock"](1 << 24)),
+                         ("bench_do_bench", lambda: ns["do_bench_next_to_timer"](1 << 24)),
+                         ("bench_event_batching", lambda: ns["per_call_vs_batched"](1 << 10, 200)),
+                         ("bench_l2", ns["l2_hot_cold"]),
+                         ("bench_wrong_stream", lambda: ns["events_on_the_wrong_stream"](20.0))):
+        data = measure()
+        print(key, data)
+        check_bench(key, data, ns)
