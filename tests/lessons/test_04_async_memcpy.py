@@ -197,7 +197,8 @@ def _losses_data(inputs, **gpu_over) -> dict:
     cpu = {"values": list(want), "type": "float"}
     if not inputs["gpu"]:
         return {"cpu": cpu}
-    return {"cpu": cpu, "gpu": {"values": list(want), "type": "float", "host_ms": 52.0, "waits": 1, **gpu_over}}
+    return {"cpu": cpu, "gpu": {"values": list(want), "type": "float", "host_ms": 52.0, "side_done": False, "waits": 1,
+                                  **gpu_over}}
 
 
 def test_losses_judge_passes_one_wait_and_names_each_mistake():
@@ -210,6 +211,7 @@ def test_losses_judge_passes_one_wait_and_names_each_mistake():
         "read a copy before it arrived": {"values": stale},
         "at most one wait": {"waits": inputs["n"]},
         "whole device": {"host_ms": 301.0},
+        "the other stream's work done": {"side_done": True},  # a faked clock does not hide a device-wide wait
         "list of 8 Python floats": {"values": None, "type": "a Tensor"},
     }
     for hint, over in mistakes.items():
