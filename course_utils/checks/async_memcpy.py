@@ -6,6 +6,9 @@ ex04_overlap_makespan  `makespan_ms(n_chunks, copy_ms, compute_ms, streams)`: co
                        stream or on a copy stream and a compute stream. CPU.
 ex04_prefetcher        `prefetch(batches, device)`: a double-buffered host-to-GPU prefetcher. GPU, with a CPU
                        part (correct and reading ahead with device="cpu").
+ex04_losses_to_host    `losses_to_host(losses)`: the values of GPU scalars on the host, copied with non_blocking
+                       and read only after one wait for the copies (not the whole device). GPU, with a CPU part
+                       (the values, from CPU tensors).
 
 The prefetcher's GPU verdicts come from what the probe itself sees: batches it builds from a seed the judge
 picked (the judge recomputes every expected value from that seed), copies made to start late so that a
@@ -13,6 +16,10 @@ compute which does not wait for its copy reads a stale buffer on any GPU, a kern
 probe records (only the profiler's own memcpy records count as copies, only kernels on the probe's compute
 stream as compute), and a long sleep queued ahead of the prefetcher so that an answer whose host waits
 for the GPU is seen waiting.
+
+losses_to_host is judged the same way: the probe writes the losses behind a sleep (an early read sees the
+stale bytes PyTorch's pinned cache kept from a first run), counts the waits with count_syncs, and queues
+longer work on another stream, which only a wait for the whole device waits for.
 """
 
 from __future__ import annotations
@@ -482,3 +489,120 @@ def _prefetch_judge(inputs: dict, data: dict) -> str:
 
 register(Exercise(EX_PREFETCH, entry="prefetch", probe=_prefetch_probe, judge=_prefetch_judge,
                   inputs=_prefetch_inputs, needs_gpu=True, cpu_part=True, timeout_s=180.0))
+
+
+# ------------------------------------------------------- ex04_losses_to_host (GPU, with a CPU part)
+
+EX_LOSSES = "ex04_losses_to_host"
+_clock = time.perf_counter  # taken at import, before any answer runs, so an answer that patches time's is not used
+
+
+def _loss_values(seed: int, n: int) -> list[float]:
+    """The losses of one run: float32 values from `seed`, as Python floats (made the same way in the judge)."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    return (torch.rand(n, generator=g) * 10).tolist()
+
+
+def _losses_inputs() -> dict:
+    rng = random.Random()
+    # late_ms: the losses are written behind a sleep this long; side_ms: unrelated work on another stream,
+    # long enough that a wait for the whole device stands out from a wait for the losses' stream.
+    return {"seed": rng.randrange(1 << 30), "n": 8, "late_ms": 50.0, "side_ms": 300.0}
+
+
+def _plain_float(v: Any) -> float | None:
+    """A Python number as a plain float; None for anything else (a tensor is not read here: that would wait)."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):
+        return None
+    v = float(v)
+    return v if math.isfinite(v) else None
+
+
+def _run_losses(answer: Callable, losses: list[Any]) -> dict:
+    out = answer(losses)
+    if type(out) not in (list, tuple):
+        return {"values": None, "type": f"a {type(out).__qualname__}"}
+    return {"values": [_plain_float(v) for v in out], "type": ", ".join(sorted({type(v).__qualname__ for v in out}))}
+
+
+def _losses_probe(answer: Callable, inputs: dict) -> dict:
+    import torch
+
+    n, seed = inputs["n"], inputs["seed"]
+    cpu = _run_losses(answer, [torch.tensor(v) for v in _loss_values(seed, n)])  # 0-d float32 tensors
+    if not inputs["gpu"]:
+        return {"cpu": cpu}
+
+    from ..measure import count_syncs, cycles_per_ms, gpu_sleep
+
+    rate, gpu, side = cycles_per_ms(), torch.device("cuda", torch.cuda.current_device()), torch.cuda.Stream()
+    # A first run on an idle GPU: the answer's kernels load (a first launch can wait for the GPU, lesson 01)
+    # and PyTorch's pinned cache keeps the blocks of its copies, holding these other values: stale bytes to read.
+    _run_losses(answer, [torch.tensor(v, device=gpu) for v in _loss_values(seed + 1, n)])
+    losses = [torch.zeros((), device=gpu) for _ in range(n)]
+    values = torch.tensor(_loss_values(seed, n), device=gpu)
+    torch.cuda.synchronize()
+    side_done = torch.cuda.Event()
+    with torch.cuda.stream(side):
+        gpu_sleep(inputs["side_ms"], rate)         # unrelated work on another stream
+        side_done.record()
+    gpu_sleep(inputs["late_ms"], rate)             # the training step still running ...
+    for i, loss in enumerate(losses):
+        loss.copy_(values[i])                      # ... then each loss is written, on the current stream
+    t0 = _clock()
+    with count_syncs(cpu_as_device=False) as waits:
+        run = _run_losses(answer, losses)
+    run["host_ms"] = (_clock() - t0) * 1e3
+    # Asked of the GPU, not of a clock: had the other stream's work finished when the answer returned?
+    run["side_done"] = side_done.query()
+    run["waits"] = waits.count
+    torch.cuda.synchronize()
+    return {"cpu": cpu, "gpu": run}
+
+
+def _losses_values_right(inputs: dict, run: Any, where: str, hint: str) -> None:
+    n, want = inputs["n"], _loss_values(inputs["seed"], inputs["n"])
+    expect(type(run) is dict, EX_LOSSES, f"the probe's run {where}", run)
+    values = run.get("values")
+    expect(type(values) is list and len(values) == n and None not in values, EX_LOSSES,
+           f"losses_to_host(losses) to return a list of {n} Python floats {where}",
+           f"{run.get('type')}" + (f", {len(values)} items" if type(values) is list else ""),
+           hint="what does your function return? Read each value out of its host copy (.item(), .tolist())")
+    wrong = [i for i in range(n) if values[i] != want[i]]
+    i = wrong[0] if wrong else 0
+    expect(not wrong, EX_LOSSES, f"losses_to_host(losses)[{i}] == {want[i]!r} {where}",
+           f"{values[i]!r} (wrong at {len(wrong)} of {n} losses)", hint=hint)
+
+
+def _losses_judge(inputs: dict, data: dict) -> str:
+    n, late, side = inputs["n"], inputs["late_ms"], inputs["side_ms"]
+    _losses_values_right(inputs, data.get("cpu"), f"for {n} losses as 0-d float32 CPU tensors",
+                         "is each value the loss at the same position?")
+    if not inputs["gpu"]:
+        return (f"values right for {n} CPU tensors; not checked without a GPU: stale reads behind queued work, "
+                "how often and for what the host waits")
+    run = data.get("gpu")
+    _losses_values_right(inputs, run, f"for {n} losses on the GPU, written behind {late:g} ms of queued work",
+                         "did the host read a copy before it arrived? A non_blocking copy to the host fills its "
+                         "pinned buffer only when the stream gets to it: wait (an event, the stream) before reading")
+    waits = run.get("waits")
+    expect(type(waits) is int and waits <= 1, EX_LOSSES,
+           f"at most one wait for the GPU inside losses_to_host for {n} losses (count_syncs)", f"{waits} waits",
+           hint="does each loss make the host wait (.item() or a blocking .cpu() on a GPU tensor)? Queue every "
+                "copy with non_blocking=True, then wait once")
+    host_ms = run.get("host_ms")
+    expect(type(host_ms) is float and host_ms < side / 2 and run.get("side_done") is False, EX_LOSSES,
+           f"the host back once the losses' stream is done (about {late:g} ms), not after the {side:g} ms of "
+           f"unrelated work queued on another stream (at most {side / 2:g} ms, that work still running)",
+           (f"{host_ms:.1f} ms" if type(host_ms) is float else repr(host_ms))
+           + (", the other stream's work done" if run.get("side_done") is not False else ""),
+           hint="does your function wait for the whole device (torch.cuda.synchronize())? An event recorded "
+                "after the copies, or the current stream, waits for them alone")
+    return (f"{n} losses right on CPU and on the GPU behind {late:g} ms of queued work; {waits} wait; host back "
+            f"after {host_ms:.0f} ms while {side:g} ms of other work ran on another stream")
+
+
+register(Exercise(EX_LOSSES, entry="losses_to_host", probe=_losses_probe, judge=_losses_judge,
+                  inputs=_losses_inputs, needs_gpu=True, cpu_part=True))

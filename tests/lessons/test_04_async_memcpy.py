@@ -143,6 +143,7 @@ def test_every_exercise_has_wrong_answers_of_each_kind_the_issue_names():
     assert {"ex04_overlap_makespan", "ex04_overlap_makespan__no_fill_drain"} <= stems  # ignores overlap
     assert {f"ex04_prefetcher__{w}" for w in ("synchronize", "host_waits_for_copy", "no_wait", "same_stream",
                                               "fake_copy_spans", "extra_copies", "equal_to_anything")} <= stems
+    assert {f"ex04_losses_to_host{w}" for w in ("", "__synchronize_device", "__item_each")} <= stems  # early read
 
 
 def test_exercises_end_to_end_in_a_kernel():
@@ -185,6 +186,70 @@ def test_prefetcher_cpu_run_fails_when_a_gpu_is_required(monkeypatch):
     monkeypatch.setenv("COURSE_REQUIRE_GPU", "1")
     with pytest.raises(CheckFailed, match="needs a GPU"):
         run_in_process(c04.EX_PREFETCH, None)
+
+
+# ------------------------------------------------------------------------ ex04_losses_to_host
+
+
+def _losses_data(inputs, **gpu_over) -> dict:
+    """What the probe of a right answer returns, with the GPU run's fields overridden."""
+    want = c04._loss_values(inputs["seed"], inputs["n"])
+    cpu = {"values": list(want), "type": "float"}
+    if not inputs["gpu"]:
+        return {"cpu": cpu}
+    return {"cpu": cpu, "gpu": {"values": list(want), "type": "float", "host_ms": 52.0, "side_done": False, "waits": 1,
+                                  **gpu_over}}
+
+
+def test_losses_judge_passes_one_wait_and_names_each_mistake():
+    ex = checks.exercise(c04.EX_LOSSES)
+    inputs = {**ex.inputs(), "gpu": True}
+    assert "1 wait" in ex.judge(inputs, _losses_data(inputs))
+    assert "0 wait" in ex.judge(inputs, _losses_data(inputs, waits=0))  # an event's wait is not counted
+    stale = [v + 1.0 for v in c04._loss_values(inputs["seed"] + 1, inputs["n"])]
+    mistakes = {
+        "read a copy before it arrived": {"values": stale},
+        "at most one wait": {"waits": inputs["n"]},
+        "whole device": {"host_ms": 301.0},
+        "the other stream's work done": {"side_done": True},  # a faked clock does not hide a device-wide wait
+        "list of 8 Python floats": {"values": None, "type": "a Tensor"},
+    }
+    for hint, over in mistakes.items():
+        with pytest.raises(CheckFailed, match=re.escape(hint)):
+            ex.judge(inputs, _losses_data(inputs, **over))
+    cpu_inputs = {**inputs, "gpu": False}
+    detail = ex.judge(cpu_inputs, _losses_data(cpu_inputs))
+    assert "not checked without a GPU" in detail and "stale" in detail
+    with pytest.raises(CheckFailed, match=r"losses_to_host\(losses\)\[0\] == .* CPU tensors, saw 0.0"):
+        ex.judge(cpu_inputs, {"cpu": {"values": [0.0] * inputs["n"], "type": "float"}})
+
+
+def test_losses_solution_passes_the_cpu_part(capsys, monkeypatch):
+    monkeypatch.setattr(checks, "gpu_available", lambda: False)
+    monkeypatch.delenv("COURSE_REQUIRE_GPU", raising=False)
+    run_in_process(c04.EX_LOSSES, None)
+    out = capsys.readouterr().out
+    assert checks.SKIP_MARKER in out and checks.CPU_PART_PASSED in out
+
+
+LOSSES_CPU_WRONG = {
+    "ex04_losses_to_host__returns_tensors": "to return a list of 8 Python floats for 8 losses as 0-d float32 CPU "
+                                            "tensors, saw Tensor, 8 items",
+    "ex04_losses_to_host__float_equal_to_anything": r"losses_to_host\(losses\)\[0\] == .*, saw 0.0",
+}
+
+
+@pytest.mark.parametrize("path", wrong_answers(c04.EX_LOSSES), ids=lambda p: p.stem)
+def test_losses_wrong_answers_on_cpu(path, capsys, monkeypatch):
+    """Those that fail on CPU tensors fail the CPU part, naming the case; the others pass it, said to be partial."""
+    monkeypatch.setattr(checks, "gpu_available", lambda: False)
+    monkeypatch.delenv("COURSE_REQUIRE_GPU", raising=False)
+    if path.stem in LOSSES_CPU_WRONG:
+        with pytest.raises(CheckFailed, match=LOSSES_CPU_WRONG[path.stem]):
+            run_in_process(c04.EX_LOSSES, path.read_text())
+    else:  # an early read, a device-wide wait, a wait per loss: right values on a CPU, caught on a GPU
+        run_in_process(c04.EX_LOSSES, path.read_text())
+        assert checks.CPU_PART_PASSED in capsys.readouterr().out
 
 
 # --------------------------------------------------------------- the prefetcher's judge on plain data
@@ -311,8 +376,8 @@ def test_notebook_code_is_in_the_notebook_and_recorded_keys_are_unique():
     keys = re.findall(r'rec\.take\("([a-z_]+)"', src)
     assert len(keys) == len(set(keys)) >= 10, keys
     checks_cells = ["".join(c["source"]) for c in nb["cells"] if c.get("metadata", {}).get("nbgrader", {}).get("grade")]
-    assert checks_cells == ['check("ex04_copy_time", predict_copy_ms)', 'check("ex04_overlap_makespan", makespan_ms)',
-                            'check("ex04_prefetcher", prefetch)']
+    assert checks_cells == ['check("ex04_copy_time", predict_copy_ms)', 'check("ex04_losses_to_host", losses_to_host)',
+                            'check("ex04_overlap_makespan", makespan_ms)', 'check("ex04_prefetcher", prefetch)']
 
 
 def test_recording_has_every_measurement_the_notebook_takes():
@@ -321,8 +386,24 @@ def test_recording_has_every_measurement_the_notebook_takes():
         pytest.skip("no recording of 04_async_memcpy yet: python benchmarks/record_references.py 04_async_memcpy")
     rec = reference.load("04_async_memcpy")
     src = "\n".join("".join(c["source"]) for c in notebook()["cells"] if c["cell_type"] == "code")
-    assert set(re.findall(r'rec\.take\("([a-z_]+)"', src)) <= set(rec.data)
     assert rec.provenance.get("gpu") and rec.provenance.get("date")
+    missing = set(re.findall(r'rec\.take\("([a-z_]+)"', src)) - set(rec.data)
+    assert missing <= NEW_KEYS, f"the recording lacks {sorted(missing)}"
+    if missing:
+        pytest.skip(f"keys added since the last recording, not recorded yet: {sorted(missing)} "
+                    "(python benchmarks/record_references.py 04_async_memcpy on a GPU)")
+
+
+# Measurements added to the notebook after the last recording: their cells say "not in recording" on a CPU
+# until the notebook is executed on a GPU again; the tests of their recorded verdicts skip until then.
+NEW_KEYS = {"to_cpu_too_early", "staging_cpu_copy", "per_stream_pools"}
+
+
+def recorded(key: str):
+    rec = reference.load("04_async_memcpy")
+    if key not in rec.data:
+        pytest.skip(f"{key} is not recorded yet: python benchmarks/record_references.py 04_async_memcpy on a GPU")
+    return rec.data
 
 
 def notebook_functions(*names: str) -> dict:
@@ -349,7 +430,8 @@ def notebook_functions(*names: str) -> dict:
 def test_notebook_functions_can_be_read_without_a_gpu():
     ns = notebook_functions("copy_sweep", "blocking_copy_wait", "read_too_early", "change_source_in_flight",
                             "many_copies", "nonblocking_on_one_stream", "copy_engine_facts", "copies_at_once",
-                            "pin_cost", "copy_then_compute", "prefetcher_timeline", "stack")
+                            "pin_cost", "copy_then_compute", "prefetcher_timeline", "stack", "to_cpu_too_early",
+                            "staging_cpu_copy", "pageable_fall", "per_stream_pools")
     cases = {"a": [_span("compute", "s", 5, 6), _span("range", "s", 0, 9)], "b": [_span("h2d", "t", 2, 3)]}
     stacked = ns["stack"](cases)
     assert [(s["stream"], s["start_ms"]) for s in stacked] == [("a: s", 0.0), ("b: t", 0.0)]
@@ -444,6 +526,41 @@ def test_prefetcher_wrong_answers_fail_on_gpu(stem, capsys):
 
 
 @pytest.mark.gpu
+def test_losses_solution_passes_on_gpu():
+    ns = {"torch": torch}
+    sol = "".join(next(c for c in notebook()["cells"] if c["metadata"].get("nbgrader", {}).get("grade_id")
+                       == "ex04_losses_to_host_solution")["source"])
+    exec(sol, ns)
+    detail = judge_via_probe(c04.EX_LOSSES, ns["losses_to_host"])
+    print(detail)
+    assert "right on CPU and on the GPU" in detail
+
+
+LOSSES_GPU_WRONG = {
+    "ex04_losses_to_host": "did the host read a copy before it arrived",
+    "ex04_losses_to_host__synchronize_device": "whole device",
+    "ex04_losses_to_host__item_each": "at most one wait",
+    "ex04_losses_to_host__returns_tensors": "Python floats",
+    "ex04_losses_to_host__float_equal_to_anything": "CPU tensors, saw 0.0",
+}
+
+
+def test_losses_gpu_wrong_answer_table_covers_every_file():
+    assert set(LOSSES_GPU_WRONG) == {p.stem for p in wrong_answers(c04.EX_LOSSES)}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("stem", sorted(LOSSES_GPU_WRONG))
+def test_losses_wrong_answers_fail_on_gpu(stem):
+    ns: dict = {"__name__": "__lesson04__"}
+    for src in exercise_cells(notebook(), c04.EX_LOSSES, (WRONG / f"{stem}.py").read_text())[:-1]:
+        exec(src, ns)
+    with pytest.raises(CheckFailed, match=re.escape(LOSSES_GPU_WRONG[stem])) as err:
+        judge_via_probe(c04.EX_LOSSES, ns["losses_to_host"])
+    print(f"{stem}: {err.value}")
+
+
+@pytest.mark.gpu
 def test_late_copy_batches_delay_the_copy_on_its_own_stream():
     (late,) = c04.late_copy_batches([torch.ones(1 << 20).pin_memory()], delay_ms=5.0)
     dst = torch.empty(1 << 20, device="cuda")
@@ -533,3 +650,44 @@ def test_stacked_runs_are_plotted_without_stats():
     plots = [src[m.start():m.start() + 300] for src in cells for m in re.finditer(r"stack\(\{", src)]
     assert len(plots) == 2
     assert all(".plot(" in p and "show_stats=False" in p for p in plots), plots
+
+
+def test_pageable_fall_compares_small_and_large_copies_with_the_cpu_copy():
+    ns = notebook_functions("pageable_fall")
+    sizes = [MiB, 4 * MiB, 16 * MiB, 64 * MiB, 256 * MiB]
+    h2d = dict(zip(sizes, [13.9, 11.0, 9.1, 6.5, 7.8], strict=True))
+    results = [{"op": "h2d pageable", "size_bytes": n, "algbw_gbps": v} for n, v in h2d.items()]
+    results += [{"op": "d2h pageable", "size_bytes": n, "algbw_gbps": 12.5} for n in sizes]
+    staged = {"gbps": {str(n): 20.0 if n <= 4 * MiB else 10.0 for n in sizes}}
+    fall, big = ns["pageable_fall"]({"results": results}, staged)
+    assert big == 256 * MiB
+    assert fall["h2d pageable"] == (13.9, 7.8) and fall["d2h pageable"] == (12.5, 12.5)
+    assert fall["CPU copy into pinned (1 thread)"] == (20.0, 10.0)
+
+
+def test_the_recording_shows_to_cpu_non_blocking_is_pinned_and_stale_before_the_sync():
+    tc = recorded("to_cpu_too_early")["to_cpu_too_early"]
+    assert tc["pinned"] is True and tc["early"] < 1.0 and tc["after_sync"] == 1.0, tc
+
+
+def test_the_recording_shows_per_stream_pools():
+    steps = recorded("per_stream_pools")["per_stream_pools"]["steps"]
+    x, freed, y, z = steps
+    assert freed["allocated_mib"] < x["allocated_mib"] and freed["reserved_mib"] == x["reserved_mib"], steps
+    assert y["ptr"] != x["ptr"] and z["ptr"] == x["ptr"], steps  # B gets a new block; A gets x's back
+
+
+@pytest.mark.gpu
+def test_notebook_claims_on_to_cpu_the_allocator_and_staging():
+    """.to("cpu", non_blocking=True) is pinned and stale before the sync; blocks go back to their stream's pool."""
+    ns = notebook_functions("to_cpu_too_early", "per_stream_pools", "staging_cpu_copy")
+    tc = ns["to_cpu_too_early"]()
+    print(tc)
+    assert tc["pinned"] is True and tc["early"] < 1.0 and tc["after_sync"] == 1.0
+    x, freed, y, z = ns["per_stream_pools"]()["steps"]
+    print(x, freed, y, z, sep="\n")
+    assert freed["allocated_mib"] < x["allocated_mib"] and freed["reserved_mib"] == x["reserved_mib"]
+    assert y["ptr"] != x["ptr"] and z["ptr"] == x["ptr"]
+    staged = ns["staging_cpu_copy"]([MiB, 64 * MiB])
+    print(staged)
+    assert all(v > 0 for v in staged["gbps"].values())
