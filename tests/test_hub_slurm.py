@@ -1,0 +1,166 @@
+"""`make hub HUB_SPAWNER=slurm`: each student's JupyterLab runs as a Slurm job of theirs, with a GPU of its own
+(--gres=gpu:1), and the hub proxies to it.
+
+Real parts throughout: the test cluster of tests/test_slurm.py (slurmctld and two slurmd "nodes" on 127.0.0.1),
+started here in a folder every account may read (students' sbatch reads its slurm.conf), with one GPU per node
+for Slurm to hand out (gres/gpu whose device file is /dev/null: scheduling and CUDA_VISIBLE_DEVICES are Slurm's,
+nothing opens the device); the accounts and the `make hub` of tests/test_hub.py, with batchspawner's SlurmSpawner.
+Two students each ask for one GPU, so Slurm puts their jobs on different nodes. Needs root, like both.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.launch_helpers import listening
+from tests.test_hub import (
+    Hub,
+    _why_not,
+    copy_repo,
+    login,
+    make_accounts,
+    open_lab,
+    processes_of,
+    remove_accounts,
+    students_python,
+)
+from tests.test_slurm import Cluster, ensure_slurm
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "launch" / "hub"))
+
+from hub_slurm import gres, node_addresses  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600), pytest.mark.ranks]
+
+
+def test_the_jobs_gres_and_the_nodes_addresses():
+    from batchspawner import SlurmSpawner, format_template
+
+    assert gres(1) == "gpu:1" and gres(4) == "gpu:4" and gres(0) == ""
+    template = SlurmSpawner.batch_script.default_value
+    assert "#SBATCH --gres=gpu:2\n" in format_template(template, gres=gres(2), cmd="lab")
+    assert "--gres" not in format_template(template, gres=gres(0), cmd="lab")  # HUB_SLURM_GPUS=0: no gres asked
+    shown = ("NodeName=n1 Arch=x86_64 CoresPerSocket=1 NodeAddr=127.0.0.1 NodeHostName=box Port=1\n"
+             "NodeName=gpu7 Arch=x86_64 NodeAddr=gpu7 NodeHostName=gpu7\n")
+    assert node_addresses(shown) == {"n1": "127.0.0.1"}
+
+
+@pytest.fixture(scope="module")
+def slurm_hub():
+    why = _why_not()
+    if why:
+        pytest.skip(why)
+    ensure_slurm()
+    res = subprocess.run(["bash", str(ROOT / "launch" / "hub" / "setup_proxy.sh")], capture_output=True, text=True)
+    if res.returncode:
+        (pytest.fail if os.environ.get("CI") else pytest.skip)(f"no JupyterHub proxy: {res.stdout}{res.stderr}")
+    tmp = Path(tempfile.mkdtemp(prefix="course-hub-slurm-"))  # readable by students: the repo and slurm.conf
+    os.chmod(tmp, 0o755)
+    (tmp / "slurm").mkdir(mode=0o755)
+    cluster = Cluster(tmp / "slurm", fake_gpus=True)
+    tag = secrets.token_hex(2)
+    names = {"s1": f"chs{tag}a", "s2": f"chs{tag}b", "teacher": f"chs{tag}t", "outsider": f"chs{tag}x"}
+    hub = None
+    try:
+        cluster.start()
+        py = students_python(tmp)
+        repo = copy_repo(tmp / "repo")
+        passwords = make_accounts(tmp, repo, py, names)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("SLURM_CONF", str(cluster.conf))  # the hub's commands and the jobs find the test cluster
+            hub = Hub(repo, py, tmp / "students.txt", names["teacher"], tmp / "hub.log", "HUB_SPAWNER=slurm",
+                      "HUB_SLURM_GPUS=1")
+        hub.names, hub.passwords, hub.cluster = names, passwords, cluster
+        yield hub
+    finally:
+        if hub is not None:
+            hub.stop()
+            (ROOT / "tests" / "artifacts").mkdir(parents=True, exist_ok=True)
+            shutil.copy(hub.log, ROOT / "tests" / "artifacts" / "hub-slurm.log")
+        cluster.stop()
+        left = cluster.ours()
+        remove_accounts(list(names.values()))
+        shutil.rmtree(tmp, ignore_errors=True)
+        assert not left, f"processes of the test cluster still running: {left}"
+
+
+def jobs(cluster: Cluster) -> list[dict]:
+    out = cluster.run("squeue", "-h", "-o", "%i|%u|%T|%j|%N").stdout
+    return [dict(zip(("id", "user", "state", "name", "nodes"), ln.split("|"), strict=True))
+            for ln in out.splitlines() if ln.strip()]
+
+
+def server_of(uid: int):
+    """The Python that serves a user's lab (batchspawner's wrapper running the single-user server), not srun."""
+    import psutil
+
+    found = [p for p in psutil.process_iter(["uids", "cmdline"])
+             if p.info["uids"] and p.info["uids"].real == uid and (p.info["cmdline"] or [])[1:3] == [
+                 "-m", "batchspawner.singleuser"]]
+    assert len(found) == 1, [p.info["cmdline"] for p in found]
+    return found[0]
+
+
+def test_each_students_server_is_a_slurm_job_of_theirs_with_a_gpu_and_answers_through_the_hub(slurm_hub):
+    import psutil
+
+    hub, names = slurm_hub, [slurm_hub.names["s1"], slurm_hub.names["s2"]]
+    started = time.monotonic()
+    sessions = {name: login(hub, name, hub.passwords[role]) for name, role in zip(names, ("s1", "s2"), strict=True)}
+    for name, session in sessions.items():
+        assert session is not None, f"{name} could not log in:\n{hub.log.read_text()[-3000:]}"
+        open_lab(hub, session, name)
+    took = time.monotonic() - started
+
+    queue = {job["user"]: job for job in jobs(hub.cluster)}
+    assert set(queue) == set(names), queue
+    assert {job["nodes"] for job in queue.values()} == {"n1", "n2"}, f"one GPU per node, one job each: {queue}"
+    hub.server_ports = []
+    for name, session in sessions.items():
+        job = queue[name]
+        r = session.get(f"{hub.base}/user/{name}/api/status", timeout=60)
+        assert r.status_code == 200, f"{name}'s lab (/api/status) through the hub said {r.status_code}"
+        assert job["state"] == "RUNNING" and job["name"] == "spawner-jupyterhub", job
+        shown = hub.cluster.run("scontrol", "show", "job", job["id"], "--oneliner").stdout
+        uid = pwd.getpwnam(name).pw_uid
+        assert f"UserId={name}({uid})" in shown and "TresPerNode=gres:gpu:1" in shown, shown
+        # the server itself: in the job, as the student, on their workspace, seeing the GPU Slurm gave the job
+        server = server_of(uid)
+        env = server.environ()
+        assert env.get("SLURM_JOB_ID") == job["id"] and env.get("JUPYTERHUB_USER") == name
+        assert env.get("CUDA_VISIBLE_DEVICES") == "0" and env.get("SLURM_JOB_GPUS") == "0", "Slurm's GPU"
+        # the GPU turns among the student's own kernels: every job's GPU is "0", but no other job uses it
+        assert env.get("COURSE_GPU_LOCK_DIR") == f"/tmp/course_utils-gpu-locks-{name}"
+        assert env.get("JUPYTERHUB_ROOT_DIR") == str(Path(pwd.getpwnam(name).pw_dir) / "workspace" / "notebooks")
+        listing = session.get(f"{hub.base}/user/{name}/api/contents/", timeout=60).json()
+        assert "07_ring_allreduce.ipynb" in {c["name"] for c in listing["content"]}, "the workspace was not made"
+        ports = [c.laddr.port for c in server.net_connections("tcp") if c.status == psutil.CONN_LISTEN]
+        assert ports, f"{name}'s server listens on no port"
+        hub.server_ports += ports
+        print(f"\n{name}: Slurm job {job['id']} on {job['nodes']} ({job['state']}, gres gpu:1, "
+              f"CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']}), its lab at port {ports[0]}: /api/status "
+              f"{r.status_code} through the hub", end="")
+    print(f"\nboth labs started and answered through the hub in {took:.0f} s")
+
+
+def test_stopping_the_hub_cancels_the_job_and_leaves_nothing(slurm_hub):
+    hub = slurm_hub
+    ports = [hub.port + k for k in range(3)] + getattr(hub, "server_ports", [])
+    hub.stop()
+    assert jobs(hub.cluster) == [], "a job is still in the queue after the hub stopped"
+    left = processes_of(list(hub.names.values()))
+    assert not left, f"still running after the hub stopped: {[p.cmdline() for p in left]}"
+    assert not [p for p in ports if listening(p)], "a port is still listening after the hub stopped"
+    log = hub.log.read_text()
+    assert "Cleaning up single-user servers" in log and "Stopping server job" in log
