@@ -154,6 +154,26 @@ def test_each_students_server_is_a_slurm_job_of_theirs_with_a_gpu_and_answers_th
     print(f"\nboth labs started and answered through the hub in {took:.0f} s")
 
 
+def test_a_students_server_token_sets_only_its_port(slurm_hub):
+    """batchspawner's /hub/api/batchspawner, as batchspawner ships it, sets any attribute of the spawner that the
+    request names, and the spawner puts some (job_id, exec_prefix, its commands) into shell commands that the hub
+    runs as root: a student who reads the token in their server's environment could run code as root. The course's
+    handler takes the port alone (launch/hub/hub_slurm.py)."""
+    import requests
+
+    hub, name = slurm_hub, slurm_hub.names["s1"]
+    token = server_of(pwd.getpwnam(name).pw_uid).environ()["JUPYTERHUB_API_TOKEN"]  # a lab terminal shows it too
+    hub.marker = Path(tempfile.gettempdir()) / f"course-hub-slurm-root-{secrets.token_hex(4)}"
+    url = f"http://127.0.0.1:{hub.port + 1}/hub/api/batchspawner"
+    for body in ({"job_id": f"1; touch {hub.marker}"}, {"exec_prefix": f"touch {hub.marker};"},
+                 {"port": 1234, "batch_cancel_cmd": f"touch {hub.marker}"}, {"port": "1; true"}):
+        r = requests.post(url, json=body, headers={"Authorization": f"token {token}"}, timeout=30)
+        assert r.status_code == 400, f"the hub took {body}: {r.status_code} {r.text}"
+    r = requests.post(url, json={"port": 1234}, timeout=30)
+    assert r.status_code == 403, "the hub took a port without a token"
+    assert not hub.marker.exists()
+
+
 def test_stopping_the_hub_cancels_the_job_and_leaves_nothing(slurm_hub):
     hub = slurm_hub
     ports = [hub.port + k for k in range(3)] + getattr(hub, "server_ports", [])
@@ -164,3 +184,5 @@ def test_stopping_the_hub_cancels_the_job_and_leaves_nothing(slurm_hub):
     assert not [p for p in ports if listening(p)], "a port is still listening after the hub stopped"
     log = hub.log.read_text()
     assert "Cleaning up single-user servers" in log and "Stopping server job" in log
+    marker = getattr(hub, "marker", None)
+    assert marker is None or not marker.exists(), "a student's request ran a command as root"

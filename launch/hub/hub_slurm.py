@@ -15,6 +15,8 @@ which runs as root).
   the proxy reaches it at the address of the node Slurm ran it on. The hub's own API must be reachable from the
   nodes: HUB_API_IP (default 127.0.0.1, enough when the nodes are this machine).
 - Stopping a server, or the hub, cancels its job (scancel).
+- batchspawner's API handler is replaced by one that takes the port alone (port_only_api: the stock one lets a
+  student's token run commands as root).
 """
 
 from __future__ import annotations
@@ -68,9 +70,42 @@ def node_addresses(text: str) -> dict[str, str]:
     return found
 
 
+def port_only_api() -> type:
+    """The hub's /api/batchspawner, narrowed to what batchspawner's wrapper sends: the server's port.
+
+    batchspawner's own handler sets every attribute of the spawner that the request names, and the spawner puts
+    some of them (job_id, exec_prefix, its commands) into shell commands that the hub runs as root: a student who
+    reads the token in their server's environment (a lab terminal shows it) could run any command as root. This
+    one takes {"port": N} from the server's own token and refuses anything else (400)."""
+    import json
+
+    from batchspawner.api import BatchSpawnerAPIHandler
+    from tornado import web
+
+    class PortOnlyAPIHandler(BatchSpawnerAPIHandler):
+        @web.authenticated
+        def post(self):
+            token = self.get_auth_token()
+            spawner = next((s for s in self.current_user.spawners.values() if s.api_token == token), None)
+            data = self.get_json_body()
+            port = data["port"] if isinstance(data, dict) and set(data) == {"port"} else None
+            if spawner is None or type(port) is not int or not 0 < port < 65536:
+                raise web.HTTPError(400, "a server's own token may set its port alone: {\"port\": N}")
+            spawner.port = port
+            self.set_status(201)
+            self.finish(json.dumps({"message": "BatchSpawner data configured"}))
+
+    return PortOnlyAPIHandler
+
+
 def configure(c, settings: Settings) -> None:
     """Set the hub's config `c` to start each server as a Slurm job."""
     import batchspawner  # noqa: F401  (registers /api/batchspawner, where a job reports its server's port)
+    from jupyterhub.apihandlers import default_handlers
+
+    handler = port_only_api()
+    default_handlers[:] = [(route, handler) if route == "/api/batchspawner" else (route, *rest)
+                           for route, *rest in default_handlers]
 
     c.JupyterHub.spawner_class = "batchspawner.MultiSlurmSpawner"
     shown = subprocess.run(["scontrol", "show", "nodes", "--oneliner"], capture_output=True, text=True, timeout=60)
