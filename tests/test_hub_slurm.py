@@ -112,8 +112,13 @@ def server_of(uid: int):
     return found[0]
 
 
-def test_each_students_server_is_a_slurm_job_of_theirs_with_a_gpu_and_answers_through_the_hub(slurm_hub):
+def listening_ports(process) -> list[int]:
     import psutil
+
+    return [c.laddr.port for c in process.net_connections("tcp") if c.status == psutil.CONN_LISTEN]
+
+
+def test_each_students_server_is_a_slurm_job_of_theirs_with_a_gpu_and_answers_through_the_hub(slurm_hub):
 
     hub, names = slurm_hub, [slurm_hub.names["s1"], slurm_hub.names["s2"]]
     started = time.monotonic()
@@ -126,7 +131,7 @@ def test_each_students_server_is_a_slurm_job_of_theirs_with_a_gpu_and_answers_th
     queue = {job["user"]: job for job in jobs(hub.cluster)}
     assert set(queue) == set(names), queue
     assert {job["nodes"] for job in queue.values()} == {"n1", "n2"}, f"one GPU per node, one job each: {queue}"
-    hub.server_ports = []
+    hub.sessions = sessions
     for name, session in sessions.items():
         job = queue[name]
         r = session.get(f"{hub.base}/user/{name}/api/status", timeout=60)
@@ -145,9 +150,8 @@ def test_each_students_server_is_a_slurm_job_of_theirs_with_a_gpu_and_answers_th
         assert env.get("JUPYTERHUB_ROOT_DIR") == str(Path(pwd.getpwnam(name).pw_dir) / "workspace" / "notebooks")
         listing = session.get(f"{hub.base}/user/{name}/api/contents/", timeout=60).json()
         assert "07_ring_allreduce.ipynb" in {c["name"] for c in listing["content"]}, "the workspace was not made"
-        ports = [c.laddr.port for c in server.net_connections("tcp") if c.status == psutil.CONN_LISTEN]
+        ports = listening_ports(server)
         assert ports, f"{name}'s server listens on no port"
-        hub.server_ports += ports
         print(f"\n{name}: Slurm job {job['id']} on {job['nodes']} ({job['state']}, gres gpu:1, "
               f"CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']}), its lab at port {ports[0]}: /api/status "
               f"{r.status_code} through the hub", end="")
@@ -174,9 +178,37 @@ def test_a_students_server_token_sets_only_its_port(slurm_hub):
     assert not hub.marker.exists()
 
 
+def test_a_student_cannot_ask_for_more_gpus_through_the_hubs_api(slurm_hub):
+    """batchspawner fills its job script with the options of a server's start (POST /hub/api/users/NAME/server
+    {...}), which a student may send: {"gres": "gpu:2"} would take more GPUs than the instructor gives. The hub
+    drops them (hub_spawn.py), so the restarted job asks for HUB_SLURM_GPUS=1."""
+    hub, name = slurm_hub, slurm_hub.names["s1"]
+    session = hub.sessions[name]
+    xsrf = {"X-XSRFToken": next(c.value for c in session.cookies if c.name == "_xsrf")}
+    api = f"{hub.base}/hub/api/users/{name}"
+    r = session.delete(f"{api}/server", headers=xsrf, timeout=60)
+    assert r.status_code in (202, 204), (r.status_code, r.text)
+    deadline = time.monotonic() + 60
+    while any(job["user"] == name for job in jobs(hub.cluster)) or session.get(api, headers=xsrf, timeout=30).json()[
+            "servers"]:
+        assert time.monotonic() < deadline, "the student's server did not stop"
+        time.sleep(0.5)
+    r = session.post(f"{api}/server", json={"gres": "gpu:2", "options": "--comment=mine"}, headers=xsrf, timeout=60)
+    assert r.status_code in (201, 202), (r.status_code, r.text)
+    while not (mine := [job for job in jobs(hub.cluster) if job["user"] == name]):
+        assert time.monotonic() < deadline + 60, "no job for the restarted server"
+        time.sleep(0.5)
+    shown = hub.cluster.run("scontrol", "show", "job", mine[0]["id"], "--oneliner").stdout
+    assert "TresPerNode=gres:gpu:1" in shown and "Comment=mine" not in shown, shown
+    open_lab(hub, session, name)
+
+
 def test_stopping_the_hub_cancels_the_job_and_leaves_nothing(slurm_hub):
     hub = slurm_hub
-    ports = [hub.port + k for k in range(3)] + getattr(hub, "server_ports", [])
+    ports = [hub.port + k for k in range(3)] + [
+        port for name in (hub.names["s1"], hub.names["s2"]) for port in listening_ports(
+            server_of(pwd.getpwnam(name).pw_uid))]
+    assert len(ports) > 3
     hub.stop()
     assert jobs(hub.cluster) == [], "a job is still in the queue after the hub stopped"
     left = processes_of(list(hub.names.values()))
