@@ -43,6 +43,12 @@ HUB_PROXY ?= $(HUB_DIR)/proxy/node_modules/.bin/configurable-http-proxy
 HUB_SSL_CERT ?=
 HUB_SSL_KEY  ?=
 HUB_GPUS  ?= shared
+# HUB_SPAWNER=slurm: each server is a Slurm job of its own asking for HUB_SLURM_GPUS GPUs (--gres=gpu:N; 0: none),
+# in HUB_SLURM_PARTITION (default: Slurm's); the nodes reach the hub's API at HUB_API_IP (docs/classroom.md).
+HUB_SPAWNER ?= local
+HUB_SLURM_GPUS ?= 1
+HUB_SLURM_PARTITION ?=
+HUB_API_IP ?= 127.0.0.1
 
 $(HUB_DIR)/proxy/node_modules/.bin/configurable-http-proxy:
 	bash launch/hub/setup_proxy.sh $(HUB_DIR)/proxy
@@ -51,6 +57,8 @@ hub: $(SETUP) $(HUB_PROXY)
 	COURSE_HUB_ROSTER="$(ROSTER)" COURSE_HUB_ADMINS="$(ADMINS)" COURSE_HUB_AUTH=$(HUB_AUTH) COURSE_HUB_IP=$(HUB_IP) \
 	    COURSE_HUB_PORT=$(HUB_PORT) COURSE_HUB_DIR="$(HUB_DIR)" COURSE_HUB_PROXY="$(HUB_PROXY)" \
 	    COURSE_HUB_SSL_CERT="$(HUB_SSL_CERT)" COURSE_HUB_SSL_KEY="$(HUB_SSL_KEY)" COURSE_HUB_GPUS=$(HUB_GPUS) \
+	    COURSE_HUB_SPAWNER=$(HUB_SPAWNER) COURSE_HUB_SLURM_GPUS=$(HUB_SLURM_GPUS) \
+	    COURSE_HUB_SLURM_PARTITION="$(HUB_SLURM_PARTITION)" COURSE_HUB_API_IP=$(HUB_API_IP) \
 	    bash launch/hub/start_hub.sh $(PY)
 
 students: $(SETUP)

@@ -48,13 +48,16 @@ def test_settings_come_from_make_with_its_defaults(tmp_path):
     assert s.state == tmp_path / ".hub" / "state" and s.release == tmp_path / ".hub" / "release" / "notebooks"
     assert s.proxy == tmp_path / ".hub" / "proxy" / "node_modules" / ".bin" / "configurable-http-proxy"
     assert s.auth == "pam" and s.group == "course-instructors" and s.workspace == "workspace"
+    assert (s.spawner, s.slurm_gpus, s.slurm_partition, s.api_ip) == ("local", 1, "", "127.0.0.1")
+    s = from_env({"COURSE_HUB_SPAWNER": "slurm", "COURSE_HUB_SLURM_GPUS": "2", "COURSE_HUB_API_IP": "10.0.0.5"})
+    assert (s.spawner, s.slurm_gpus, s.api_ip) == ("slurm", 2, "10.0.0.5")
 
 
-def load_config(tmp_path: Path, monkeypatch, auth: str):
+def load_config(tmp_path: Path, monkeypatch, auth: str, spawner: str = "local"):
     roster = tmp_path / "students.txt"
     roster.write_text("# class\nada\ngrace\n")
     for key, value in {"COURSE_HUB_REPO": str(ROOT), "COURSE_HUB_ROSTER": str(roster), "COURSE_HUB_ADMINS": "alan",
-                       "COURSE_HUB_PORT": "8100", "COURSE_HUB_AUTH": auth}.items():
+                       "COURSE_HUB_PORT": "8100", "COURSE_HUB_AUTH": auth, "COURSE_HUB_SPAWNER": spawner}.items():
         monkeypatch.setenv(key, value)
     return PyFileConfigLoader("jupyterhub_config.py", path=str(HUB)).load_config()
 
@@ -84,6 +87,12 @@ def test_the_config_lets_in_the_roster_and_instructors_only(tmp_path, monkeypatc
 def test_the_config_refuses_an_unknown_authenticator(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="choose pam or firstuse"):
         load_config(tmp_path, monkeypatch, "github")
+
+
+def test_the_config_refuses_an_unknown_spawner(tmp_path, monkeypatch):
+    """HUB_SPAWNER=slurm itself is tested on a real Slurm cluster: tests/test_hub_slurm.py."""
+    with pytest.raises(ValueError, match="HUB_SPAWNER='kubernetes': choose local or slurm"):
+        load_config(tmp_path, monkeypatch, "pam", spawner="kubernetes")
 
 
 def test_a_workspace_made_from_released_lessons_links_to_the_repository(tmp_path):

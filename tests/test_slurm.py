@@ -95,8 +95,11 @@ PartitionName=debug Nodes=n1,n2 Default=YES MaxTime=INFINITE State=UP
 
 
 class Cluster:
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, fake_gpus: bool = False):
+        """fake_gpus: each node has one GPU for Slurm to hand out (gres/gpu, its device file /dev/null): jobs may ask
+        for --gres=gpu:1 and get CUDA_VISIBLE_DEVICES, on a machine without GPUs (tests/test_hub_slurm.py)."""
         self.root = root
+        self.fake_gpus = fake_gpus
         self.conf = root / "slurm.conf"
         self.env = dict(os.environ, SLURM_CONF=str(self.conf))
         self.daemons: list[subprocess.Popen] = []
@@ -104,8 +107,11 @@ class Cluster:
     def start(self) -> None:
         for sub in ("state", "spool/n1", "spool/n2", "log"):  # slurmd does not make its spool folder
             (self.root / sub).mkdir(parents=True)
-        self.conf.write_text(SLURM_CONF.format(d=self.root, ctld_port=free_port(), n1_port=free_port(),
-                                               n2_port=free_port()))
+        conf = SLURM_CONF.format(d=self.root, ctld_port=free_port(), n1_port=free_port(), n2_port=free_port())
+        if self.fake_gpus:
+            conf = "GresTypes=gpu\n" + conf.replace(" State=UNKNOWN", " Gres=gpu:1 State=UNKNOWN")
+            (self.root / "gres.conf").write_text("Name=gpu File=/dev/null\n")  # beside slurm.conf, where slurmd looks
+        self.conf.write_text(conf)
         self._daemon("slurmctld", "-D", "-f", str(self.conf))
         for node in ("n1", "n2"):
             self._daemon("slurmd", "-D", "-N", node, "-f", str(self.conf))

@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from hub_gpus import check_policy, write_kernel_spec  # noqa: E402  (this folder is not a package)
 from hub_settings import Settings, from_env  # noqa: E402
+from hub_slurm import check as check_spawner  # noqa: E402
 
 from course_utils.roster import RosterError, parse_admins, read_roster  # noqa: E402
 
@@ -148,7 +149,7 @@ def prepare(settings: Settings) -> list[str]:
         return [f"the roster {settings.roster} lists nobody, and ADMINS is empty: nobody could log in"]
     problems = [f"{name} (roster or ADMINS) has no system account: create it with `make students` "
                 f"(launch/hub/accounts.py)" for name in accounts_missing(students + admins)]
-    problems += check_policy(settings.gpus, students, settings.gpu_ids)
+    problems += check_policy(settings.gpus, students, settings.gpu_ids) + check_spawner(settings)
     gid = ensure_group(settings.group, admins)
     closed = close_to_students(settings.repo, gid)
     hub_dirs(settings)

@@ -31,6 +31,10 @@ class Settings:
     ssl_key: str
     gpus: str = "shared"  # the GPU policy (hub_gpus.py)
     gpu_ids: tuple[str, ...] = ()  # the box's GPUs, as CUDA_VISIBLE_DEVICES names them
+    spawner: str = "local"  # local (a process on this box) or slurm (a Slurm job per server: hub_slurm.py)
+    slurm_gpus: int = 1  # HUB_SPAWNER=slurm: GPUs per student's job (--gres=gpu:N; 0: no GPU asked for)
+    slurm_partition: str = ""  # HUB_SPAWNER=slurm: the partition of the students' jobs (empty: Slurm's default)
+    api_ip: str = "127.0.0.1"  # where the hub's own API listens (port+1): a cluster's nodes must reach it
 
     @property
     def state(self) -> Path:
@@ -71,6 +75,10 @@ def from_env(env: dict[str, str] | None = None) -> Settings:
         ssl_key=env.get("COURSE_HUB_SSL_KEY", ""),
         gpus=env.get("COURSE_HUB_GPUS", "shared"),
         gpu_ids=_gpu_ids(env),
+        spawner=env.get("COURSE_HUB_SPAWNER", "local"),
+        slurm_gpus=int(env.get("COURSE_HUB_SLURM_GPUS", "1")),
+        slurm_partition=env.get("COURSE_HUB_SLURM_PARTITION", ""),
+        api_ip=env.get("COURSE_HUB_API_IP", "127.0.0.1"),
     )
 
 

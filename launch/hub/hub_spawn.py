@@ -70,7 +70,13 @@ def pre_spawn_hook(settings: Settings):
     students = read_roster(settings.roster, required=False)  # as the hub read it at its start
 
     async def hook(spawner) -> None:
-        gpus = visible_for(settings.gpus, spawner.user.name, students, settings.gpu_ids)
+        if settings.spawner == "slurm":
+            # batchspawner fills its job script with the options of the server's start, which a student may send
+            # (POST /hub/api/users/NAME/server {"gres": "gpu:8"}): the course offers none, so none reach the job.
+            spawner.user_options = {}
+        # On a cluster Slurm gives each job its GPUs (--gres) and sets CUDA_VISIBLE_DEVICES: HUB_GPUS is the box's.
+        gpus = None if settings.spawner == "slurm" else visible_for(settings.gpus, spawner.user.name, students,
+                                                                        settings.gpu_ids)
         if gpus is not None:
             spawner.environment = {**spawner.environment, "CUDA_VISIBLE_DEVICES": gpus}
             spawner.log.info("%s's server sees GPU %s (HUB_GPUS=%s)", spawner.user.name, gpus, settings.gpus)

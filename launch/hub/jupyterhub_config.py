@@ -1,8 +1,9 @@
 """JupyterHub for a class on one GPU box: `sudo make hub ROSTER=roster.txt ADMINS="ada"` (docs/classroom.md).
 
 Settings come from the COURSE_HUB_* variables that `make hub` sets (launch/hub/hub_settings.py). Each user logs in
-with their system account and gets a JupyterLab of their own, run as that account (LocalProcessSpawner):
-students on their own workspace (~/workspace/notebooks), instructors (admins) on the masters in notebooks/.
+with their system account and gets a JupyterLab of their own, run as that account (LocalProcessSpawner; with
+HUB_SPAWNER=slurm, a Slurm job per server: launch/hub/hub_slurm.py): students on their own workspace
+(~/workspace/notebooks), instructors (admins) on the masters in notebooks/.
 Only the roster's students and the instructors may log in. Files students must not read (masters, tests, git
 history) are closed to them by launch/hub/hub_layout.py, which start_hub.sh runs first.
 
@@ -22,6 +23,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from hub_settings import from_env  # noqa: E402
+from hub_slurm import check as check_spawner  # noqa: E402
+from hub_slurm import configure as configure_slurm  # noqa: E402
 from hub_spawn import pre_spawn_hook, server_env  # noqa: E402
 
 from course_utils.roster import parse_admins, read_roster  # noqa: E402
@@ -33,7 +36,7 @@ students, admins = read_roster(settings.roster, required=False), parse_admins(se
 # ---- where it listens: the public port, the hub's own API on port+1 and the proxy's on port+2 (loopback only)
 scheme = "https" if settings.ssl_cert else "http"
 c.JupyterHub.bind_url = f"{scheme}://{settings.ip}:{settings.port}"
-c.JupyterHub.hub_bind_url = f"http://127.0.0.1:{settings.port + 1}"
+c.JupyterHub.hub_bind_url = f"http://{settings.api_ip}:{settings.port + 1}"  # HUB_API_IP: for a cluster's nodes
 c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{settings.port + 2}"
 c.ConfigurableHTTPProxy.command = [str(settings.proxy)]
 if settings.ssl_cert:
@@ -62,7 +65,9 @@ c.Authenticator.allowed_users = set(students) | set(admins)
 c.Authenticator.admin_users = set(admins)
 c.Authenticator.allow_existing_users = False  # a student taken off the roster can no longer log in
 
-# ---- one JupyterLab per user, as that user
+# ---- one JupyterLab per user, as that user: a process on this box, or a Slurm job (HUB_SPAWNER=slurm)
+if check_spawner(settings):
+    raise ValueError("; ".join(check_spawner(settings)))
 c.JupyterHub.spawner_class = "localprocess"
 # The hub's own Python (make's PY): students' servers and kernels import course_utils and torch from it, so it
 # and its interpreter must be readable by all (hub_layout.py checks; a Python under /root is not).
@@ -73,3 +78,5 @@ c.Spawner.pre_spawn_hook = pre_spawn_hook(settings)
 # A loaded machine (a class starting at once) needs longer than the defaults to start servers.
 c.Spawner.start_timeout = 180
 c.Spawner.http_timeout = 120
+if settings.spawner == "slurm":
+    configure_slurm(c, settings)  # one job per server, --gres=gpu:N (launch/hub/hub_slurm.py)
