@@ -295,9 +295,8 @@ def test_child_programs_warm_up_before_what_they_show(notebook):
     assert order == sorted(order), order
 
 
-RECORDED_KEYS = ("launch", "timeline", "stalls", "debug_error", "first_launch", "program", "timing", "async_error")
-# Keys added after the last recording: their tests skip until the notebook is next recorded on a GPU.
-NEW_KEYS = ("creation_parts", "train_loader", "train_fast_loader")
+RECORDED_KEYS = ("launch", "timeline", "stalls", "debug_error", "first_launch", "program", "timing", "async_error",
+                 "creation_parts", "train_loader", "train_fast_loader")
 
 
 def test_recording_if_made_holds_what_the_notebook_shows():
@@ -311,7 +310,7 @@ def test_recording_if_made_holds_what_the_notebook_shows():
     assert blocking["raised"].endswith("at: rows = table[ids]"), blocking
     rows = {r["call"]: r for r in rec.data["stalls"]["rows"]}
     assert rows["t[0].item()"]["syncs"] == 1 and rows["t * 2"]["syncs"] == 0
-    assert rec.data["train"]["slow_train_step"]["syncs_per_step"] == 3
+    assert rec.data["train_loader"]["slow_train_step"]["syncs_per_step"] == 3
     lazy, eager = rec.data["first_launch"]
     assert lazy["first_ms"] > 0.7 * lazy["busy_ms"] and eager["first_ms"] < 0.25 * eager["busy_ms"], (lazy, eager)
     if 'x_cpu.to("cuda", non_blocking=True)' in rows:  # a wait inside the CUDA driver: no counter sees it

@@ -566,7 +566,7 @@ ALLOC_CASES = ("torch.empty, a new segment (cudaMalloc)", "empty_cache(), nothin
 def check_allocator_waits(a: dict, ns: dict) -> None:
     """What the allocator cell must show: freeing waits for queued work, an empty empty_cache does not."""
     cases = a["cases"]
-    assert list(cases) == list(ALLOC_CASES)
+    assert set(cases) == set(ALLOC_CASES)  # a recording keeps its keys sorted
     assert ns["waited"](cases[ALLOC_CASES[2]]["host_ms"], a["sleep_ms"]), cases
     assert ns["waited"](cases[ALLOC_CASES[3]]["host_ms"], a["sleep_ms"]), cases
     assert not ns["waited"](cases[ALLOC_CASES[1]]["host_ms"], a["sleep_ms"]), cases
