@@ -467,7 +467,7 @@ def test_gpu_hidden_syncs_keep_the_host_waiting(notebook):
 
 @pytest.mark.gpu
 def test_gpu_creation_through_the_cpu_is_mostly_drawing(notebook):
-    ns = _run_notebook_cells(notebook, ["def creation_costs"])
+    ns = _run_notebook_cells(notebook, ["def sync(", "def creation_costs"])
     r = ns["creation_costs"](torch.device("cuda"), ns["NUMEL"])
     assert "most of it was drawing the numbers on the CPU" in ns["creation_verdict"](r), r
 
