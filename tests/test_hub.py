@@ -217,10 +217,11 @@ def open_lab(hub: Hub, session, name: str) -> None:
         time.sleep(1)
 
 
-def browser_login(hub: Hub, name: str, password: str):
-    """Log in with chromium (Debian's, through playwright, as tests/test_browser.py drives it): the login form, the
-    page that waits for the server, then JupyterLab with the workspace's lessons. Returns a requests session with
-    the browser's cookies; None where there is no chromium or playwright (then the form is posted over HTTP)."""
+def browser_login(hub: Hub, users: dict[str, str]) -> dict | None:
+    """Log `users` (name: password) in with chromium at once (Debian's, through playwright, as tests/test_browser.py
+    drives it), each in a browser context of their own: the login forms are sent one after the other, then each
+    page waits for its server and shows JupyterLab with the workspace's lessons. Returns a requests session per
+    name with that browser's cookies; None where there is no chromium or playwright (then forms go over HTTP)."""
     import requests
 
     browser_path = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -232,23 +233,30 @@ def browser_login(hub: Hub, name: str, password: str):
         if os.environ.get("CI"):
             pytest.fail("chromium and playwright must be there under CI (make test's set-up installs chromium)")
         return None
+    cookies = {}
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=browser_path, args=["--no-sandbox", "--disable-gpu"])
         try:
-            page = browser.new_page()
-            page.goto(f"{hub.base}/hub/login")
-            page.fill("#username_input", name)
-            page.fill("#password_input", password)
-            page.click("#login_submit")
-            page.wait_for_url(re.compile(f"/user/{name}/lab"), timeout=START_TIMEOUT * 1000)
-            page.locator(".jp-DirListing-item", has_text="07_ring_allreduce.ipynb").first.wait_for(timeout=60_000)
-            cookies = page.context.cookies()
+            pages = {name: browser.new_context().new_page() for name in users}
+            for name, page in pages.items():
+                page.goto(f"{hub.base}/hub/login")
+                page.fill("#username_input", name)
+                page.fill("#password_input", users[name])
+            for page in pages.values():  # both servers start together, as in a class's first minute
+                page.click("#login_submit", no_wait_after=True)
+            for name, page in pages.items():
+                page.wait_for_url(re.compile(f"/user/{name}/lab"), timeout=START_TIMEOUT * 1000)
+                page.locator(".jp-DirListing-item", has_text="07_ring_allreduce.ipynb").first.wait_for(
+                    timeout=60_000)
+                cookies[name] = page.context.cookies()
         finally:
             browser.close()
-    session = requests.Session()
-    for c in cookies:
-        session.cookies.set(c["name"], c["value"], domain=c["domain"], path=c["path"])
-    return session
+    sessions = {}
+    for name, jar in cookies.items():
+        sessions[name] = requests.Session()
+        for c in jar:
+            sessions[name].cookies.set(c["name"], c["value"], domain=c["domain"], path=c["path"])
+    return sessions
 
 
 def contents(hub: Hub, session, name: str, path: str = "") -> dict:
@@ -337,11 +345,13 @@ def test_only_the_roster_and_instructors_log_in(hub):
     names, pw = hub.names, hub.passwords
     assert login(hub, names["s1"], pw["s1"] + "x") is None, "a wrong password was accepted"
     assert login(hub, names["outsider"], pw["outsider"]) is None, "an account not on the roster logged in"
-    for role in ("s1", "teacher"):  # over HTTP: their servers start while the browser logs in as s2
-        hub.sessions[role] = login(hub, names[role], pw[role])
+    hub.sessions["teacher"] = login(hub, names["teacher"], pw["teacher"])  # over HTTP, then both students at once
+    assert hub.sessions["teacher"] is not None, f"the instructor could not log in:\n{hub.log.read_text()[-3000:]}"
+    students = {names[r]: pw[r] for r in ("s1", "s2")}
+    in_browser = browser_login(hub, students) or {n: login(hub, n, p) for n, p in students.items()}
+    for role in ("s1", "s2"):
+        hub.sessions[role] = in_browser[names[role]]
         assert hub.sessions[role] is not None, f"{role} could not log in:\n{hub.log.read_text()[-3000:]}"
-    hub.sessions["s2"] = browser_login(hub, names["s2"], pw["s2"]) or login(hub, names["s2"], pw["s2"])
-    assert hub.sessions["s2"] is not None, f"s2 could not log in:\n{hub.log.read_text()[-3000:]}"
     for role in ("s1", "s2", "teacher"):
         open_lab(hub, hub.sessions[role], names[role])
 
