@@ -49,6 +49,8 @@ HUB_SPAWNER ?= local
 HUB_SLURM_GPUS ?= 1
 HUB_SLURM_PARTITION ?=
 HUB_API_IP ?= 127.0.0.1
+# HUB_CULL_IDLE: a server idle this many seconds is stopped (its files stay; 0: never).
+HUB_CULL_IDLE ?= 3600
 
 $(HUB_DIR)/proxy/node_modules/.bin/configurable-http-proxy:
 	bash launch/hub/setup_proxy.sh $(HUB_DIR)/proxy
@@ -59,6 +61,7 @@ hub: $(SETUP) $(HUB_PROXY)
 	    COURSE_HUB_SSL_CERT="$(HUB_SSL_CERT)" COURSE_HUB_SSL_KEY="$(HUB_SSL_KEY)" COURSE_HUB_GPUS=$(HUB_GPUS) \
 	    COURSE_HUB_SPAWNER=$(HUB_SPAWNER) COURSE_HUB_SLURM_GPUS=$(HUB_SLURM_GPUS) \
 	    COURSE_HUB_SLURM_PARTITION="$(HUB_SLURM_PARTITION)" COURSE_HUB_API_IP=$(HUB_API_IP) \
+	    COURSE_HUB_CULL_IDLE=$(HUB_CULL_IDLE) \
 	    bash launch/hub/start_hub.sh $(PY)
 
 students: $(SETUP)

@@ -431,9 +431,21 @@ def test_the_instructor_gets_the_masters(hub):
     assert modes == {"notebooks": "0o2770", "tests": "0o750", ".hub/state": "0o700"}
 
 
+def culler_running(hub: Hub) -> bool:
+    """Whether the hub runs jupyterhub-idle-culler as its service (a child of the hub's process)."""
+    import psutil
+
+    try:
+        children = psutil.Process(hub.proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return False
+    return any("jupyterhub_idle_culler" in " ".join(c.cmdline()) for c in children if c.is_running())
+
+
 def test_stopping_the_hub_leaves_nothing_running(hub):
     ports = [hub.port + k for k in range(3)] + [p for s in servers().values() for p in s["ports"]]
     assert len(ports) > 3
+    assert culler_running(hub), "make hub's default (HUB_CULL_IDLE=3600) runs the idle culler"
     hub.stop()
     assert hub.proc.returncode is not None
     left = processes_of(list(hub.names.values()))
@@ -442,18 +454,34 @@ def test_stopping_the_hub_leaves_nothing_running(hub):
     assert "Cleaning up single-user servers" in hub.log.read_text()
 
 
-def test_with_first_use_login_a_student_picks_their_password_once(hub):
+IDLE_S = 10  # the second hub's HUB_CULL_IDLE: short, so that the culler's work is seen within the test
+
+
+def test_with_first_use_login_a_student_picks_their_password_once_and_idle_servers_stop(hub):
     """HUB_AUTH=firstuse (jupyterhub-firstuseauthenticator): the first login sets the password, later ones must
-    give it; the roster still decides who may log in."""
+    give it; the roster still decides who may log in. With HUB_CULL_IDLE=10 the server that nobody uses is stopped
+    by the idle culler (it checks every IDLE_S/2 s), and the student's files stay."""
     names = hub.names
     first = Hub(hub.repo, hub.py, hub.tmp / "students.txt", names["teacher"], hub.tmp / "hub-firstuse.log",
-                "HUB_AUTH=firstuse")
+                "HUB_AUTH=firstuse", f"HUB_CULL_IDLE={IDLE_S}")
     try:
         assert login(first, names["s1"], "picked-at-first-login", spawn=False) is not None
         assert login(first, names["s1"], "another-password", spawn=False) is None
-        assert login(first, names["s1"], "picked-at-first-login", spawn=False) is not None
+        assert login(first, names["s1"], "picked-at-first-login") is not None  # and its server starts
         assert login(first, names["outsider"], "picked-at-first-login", spawn=False) is None
         assert "FirstUseAuthenticator" in first.log.read_text()
+        deadline = time.monotonic() + START_TIMEOUT
+        while names["s1"] not in servers():
+            assert time.monotonic() < deadline, f"s1's server did not start:\n{first.log.read_text()[-3000:]}"
+            time.sleep(1)
+        started = time.monotonic()
+        while names["s1"] in servers():
+            assert time.monotonic() < started + 20 * IDLE_S, \
+                f"the idle server was not stopped:\n{first.log.read_text()[-3000:]}"
+            time.sleep(1)
+        assert "Culling server" in first.log.read_text(), first.log.read_text()[-3000:]
+        assert hub.mine in (Path(pwd.getpwnam(names["s1"]).pw_dir) / "workspace" / "notebooks"
+                            / "00_start_here.ipynb").read_text(), "culling took the student's work"
     finally:
         first.stop()
     assert not [p for p in range(first.port, first.port + 3) if listening(p)]

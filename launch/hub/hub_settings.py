@@ -35,6 +35,7 @@ class Settings:
     slurm_gpus: int = 1  # HUB_SPAWNER=slurm: GPUs per student's job (--gres=gpu:N; 0: no GPU asked for)
     slurm_partition: str = ""  # HUB_SPAWNER=slurm: the partition of the students' jobs (empty: Slurm's default)
     api_ip: str = "127.0.0.1"  # where the hub's own API listens (port+1): a cluster's nodes must reach it
+    cull_idle: int = 3600  # seconds a server may sit idle before the hub stops it (0: never); the work stays saved
 
     @property
     def state(self) -> Path:
@@ -79,6 +80,7 @@ def from_env(env: dict[str, str] | None = None) -> Settings:
         slurm_gpus=int(env.get("COURSE_HUB_SLURM_GPUS", "1")),
         slurm_partition=env.get("COURSE_HUB_SLURM_PARTITION", ""),
         api_ip=env.get("COURSE_HUB_API_IP", "127.0.0.1"),
+        cull_idle=int(env.get("COURSE_HUB_CULL_IDLE", "3600")),
     )
 
 
