@@ -603,8 +603,9 @@ def _losses_judge(inputs: dict, data: dict) -> str:
            + (", the other stream's work done" if run.get("side_done") is not False else ""),
            hint="does your function wait for the whole device (torch.cuda.synchronize())? An event recorded "
                 "after the copies, or the current stream, waits for them alone")
-    return (f"{n} losses right on CPU and on the GPU behind {late:g} ms of queued work; {waits} wait; host back "
-            f"after {host_ms:.0f} ms while {side:g} ms of other work ran on another stream")
+    return (f"{n} losses right on CPU and on the GPU behind {late:g} ms of queued work; "
+            f"{waits} sync{'' if waits == 1 else 's'} counted by count_syncs (an Event.synchronize() is not "
+            f"counted); host back after {host_ms:.0f} ms while {side:g} ms of other work ran on another stream")
 
 
 register(Exercise(EX_LOSSES, entry="losses_to_host", probe=_losses_probe, judge=_losses_judge,

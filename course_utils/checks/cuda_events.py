@@ -409,7 +409,7 @@ def judge_pipeline(inputs: dict, data: dict) -> str:
            "while chunk i is consumed, can chunk i + 1 be produced? What makes one stream wait for the other's "
            "whole queue?")
     return (f"right in all {len(runs)} runs; returned in {worst:.1f} ms with {delay:g} ms queued; "
-            f"stage kernels' time / makespan = {best:.2f}")
+            f"stage kernels' time / makespan = {best:.2f} (1 = one stream at a time, 2 = both always busy)")
 
 
 register(Exercise(EX_PIPELINE, entry="fixed_pipeline", probe=_pipeline_probe, judge=judge_pipeline,

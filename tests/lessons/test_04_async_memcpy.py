@@ -204,8 +204,8 @@ def _losses_data(inputs, **gpu_over) -> dict:
 def test_losses_judge_passes_one_wait_and_names_each_mistake():
     ex = checks.exercise(c04.EX_LOSSES)
     inputs = {**ex.inputs(), "gpu": True}
-    assert "1 wait" in ex.judge(inputs, _losses_data(inputs))
-    assert "0 wait" in ex.judge(inputs, _losses_data(inputs, waits=0))  # an event's wait is not counted
+    assert "1 sync counted" in ex.judge(inputs, _losses_data(inputs))
+    assert "0 syncs counted" in ex.judge(inputs, _losses_data(inputs, waits=0))  # an event's wait is not counted
     stale = [v + 1.0 for v in c04._loss_values(inputs["seed"] + 1, inputs["n"])]
     mistakes = {
         "read a copy before it arrived": {"values": stale},
