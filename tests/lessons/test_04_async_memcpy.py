@@ -663,6 +663,7 @@ def test_pageable_fall_compares_small_and_large_copies_with_the_cpu_copy():
 def test_the_recording_shows_to_cpu_non_blocking_is_pinned_and_stale_before_the_sync():
     tc = recorded("to_cpu_too_early")["to_cpu_too_early"]
     assert tc["pinned"] is True and tc["early"] < 1.0 and tc["after_sync"] == 1.0, tc
+    assert tc["early_done"] is False and 42.0 not in tc["early_first"], tc  # read while the copy was still queued
 
 
 def test_the_recording_shows_per_stream_pools():
@@ -679,6 +680,7 @@ def test_notebook_claims_on_to_cpu_the_allocator_and_staging():
     tc = ns["to_cpu_too_early"]()
     print(tc)
     assert tc["pinned"] is True and tc["early"] < 1.0 and tc["after_sync"] == 1.0
+    assert tc["early_done"] is False and 42.0 not in tc["early_first"], tc
     x, freed, y, z = ns["per_stream_pools"]()["steps"]
     print(x, freed, y, z, sep="\n")
     assert freed["allocated_mib"] < x["allocated_mib"] and freed["reserved_mib"] == x["reserved_mib"]
