@@ -242,12 +242,16 @@ class _Bars:
     def __init__(self, ax: Any, zero: float, min_w: float, in_per_ms: float):
         self.ax, self.zero, self.min_w, self.narrow = ax, zero, min_w, 0
         self.in_per_ms = in_per_ms  # the axes' width over its time span: how wide a bar will be on paper
+        self._last_caret: dict[float, float] = {}  # the x of the last caret drawn at each height
 
     def bar(self, s: Span, y: float, h: float, **kw: Any) -> tuple[float, float]:
         x, w = s.start_ms - self.zero, s.duration_ms
         if w < self.min_w:
             w, self.narrow = self.min_w, self.narrow + 1
-            self.ax.plot(x + w / 2, y - 0.02, marker="v", color="black", markersize=5, linestyle="")
+            # One caret per few bar widths: hundreds of tiny kernels in a row would otherwise merge into a wall
+            if x - self._last_caret.get(y, -math.inf) >= 3 * self.min_w:
+                self.ax.plot(x + w / 2, y - 0.02, marker="v", color="black", markersize=5, linestyle="")
+                self._last_caret[y] = x
         self.ax.broken_barh([(x, w)], (y, h), **kw)
         return x, w
 

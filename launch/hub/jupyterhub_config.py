@@ -79,7 +79,7 @@ c.Spawner.pre_spawn_hook = pre_spawn_hook(settings)
 c.Spawner.start_timeout = 180
 c.Spawner.http_timeout = 120
 if settings.spawner == "slurm":
-    configure_slurm(c, settings)
+    configure_slurm(c, settings)  # one job per server, --gres=gpu:N (launch/hub/hub_slurm.py)
 
 # ---- idle servers are stopped (HUB_CULL_IDLE seconds, 0: never): a GPU box's memory and a cluster's jobs go back
 # to the class; a student's files stay, and logging in again starts the server anew. jupyterhub-idle-culler runs
@@ -88,4 +88,4 @@ if settings.cull_idle:
     c.JupyterHub.services = [{"name": "idle-culler", "command": [
         sys.executable, "-m", "jupyterhub_idle_culler", f"--timeout={settings.cull_idle}"]}]
     c.JupyterHub.load_roles = [{"name": "idle-culler", "services": ["idle-culler"],
-                                "scopes": ["list:users", "read:users:activity", "read:servers", "delete:servers"]}]  # one job per server, --gres=gpu:N (launch/hub/hub_slurm.py)
+                                "scopes": ["list:users", "read:users:activity", "read:servers", "delete:servers"]}]

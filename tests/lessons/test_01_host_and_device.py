@@ -358,7 +358,8 @@ def test_recorded_training_loop_pays_for_removing_its_syncs(notebook):
 def test_recorded_creation_is_mostly_drawing_on_the_cpu(notebook):
     r = _recorded("creation_parts")
     ns = _notebook_functions(notebook, "def creation_costs", "show_creation(")
-    assert "most of it was drawing the numbers on the CPU" in ns["creation_verdict"](r), r  # H200: 300 ms, 21 ms
+    # drawing takes ten times the copy or more
+    assert "most of it was drawing the numbers on the CPU" in ns["creation_verdict"](r), r
     assert r["on_device_ms"] < 0.1 * r["draw_ms"], r
 
 
