@@ -41,7 +41,7 @@ MODE_NOTES = {
 FIG_W = 8.0  # inches (100 px each in a notebook): with the legend beside it, about 1000 px before shrinking
 FONT = 12  # axis labels, ticks; legend and footer one point smaller
 BAR_FONT = 11  # names inside bars and marks
-ROW_LABEL_MAX = 26
+ROW_LABEL_MAX = 36  # "blocking stream (cudaStreamCreate)", "same stream: default stream" whole
 RANGE_H = 0.45  # height of one lane of named ranges, in rows
 
 __all__ = ["COLORS", "LABELS", "SLEEP_KERNEL", "Layout", "RowLayout", "bar_labels", "display_name", "footer",
