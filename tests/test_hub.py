@@ -442,6 +442,37 @@ def culler_running(hub: Hub) -> bool:
     return any("jupyterhub_idle_culler" in " ".join(c.cmdline()) for c in children if c.is_running())
 
 
+def _xsrf(session, path: str) -> dict:
+    """The header a cookie-authenticated POST/PUT/DELETE needs: the _xsrf cookie that the page at `path` set."""
+    token = next((c.value for c in session.cookies if c.name == "_xsrf" and path.startswith(c.path)), None)
+    return {"X-XSRFToken": token} if token else {}
+
+
+def test_a_students_saved_work_survives_a_restart_of_their_server(hub):
+    """Saved through the lab (its contents API, as the lab's Save does), the server stopped and started again
+    through the hub's API, as the hub's home page does: the work is still there."""
+    name, session = hub.names["s2"], hub.sessions["s2"]
+    lab = f"/user/{name}/"
+    nb = {"cells": [{"cell_type": "code", "execution_count": None, "id": "c1", "metadata": {}, "outputs": [],
+                     "source": "answer = 42  # saved before the restart"}],
+          "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    r = session.put(f"{hub.base}{lab}api/contents/saved_work.ipynb", json={"type": "notebook", "content": nb},
+                    headers=_xsrf(session, lab), timeout=60)
+    assert r.status_code in (200, 201), f"saving said {r.status_code}: {r.text[:300]}"
+    api = f"{hub.base}/hub/api/users/{name}/server"
+    r = session.delete(api, headers=_xsrf(session, "/hub/"), timeout=START_TIMEOUT)
+    assert r.status_code in (202, 204), f"stopping said {r.status_code}: {r.text[:300]}"
+    deadline = time.monotonic() + START_TIMEOUT
+    while name in servers():
+        assert time.monotonic() < deadline, f"{name}'s server did not stop"
+        time.sleep(0.5)
+    r = session.post(api, headers=_xsrf(session, "/hub/"), timeout=START_TIMEOUT)
+    assert r.status_code in (201, 202), f"starting said {r.status_code}: {r.text[:300]}"
+    open_lab(hub, session, name)
+    kept = contents(hub, session, name, "saved_work.ipynb")
+    assert "saved before the restart" in json.dumps(kept["content"])
+
+
 def test_stopping_the_hub_leaves_nothing_running(hub):
     ports = [hub.port + k for k in range(3)] + [p for s in servers().values() for p in s["ports"]]
     assert len(ports) > 3
