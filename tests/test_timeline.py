@@ -23,16 +23,7 @@ from course_utils.timeline.plot import COLORS, display_name  # noqa: E402
 from course_utils.timeline.spans import coverage, intersect, lanes, subtract, union, work_intervals  # noqa: E402
 from course_utils.timeline.stats import timeline_stats  # noqa: E402
 from course_utils.timeline.trace import to_chrome_trace  # noqa: E402
-
-
-def S(name, kind, start, end, stream="s", rank=0):
-    return Span(name, kind, rank, stream, float(start), float(end))
-
-
-@pytest.fixture(autouse=True)
-def _close_figures():
-    yield
-    plt.close("all")
+from tests.timeline_helpers import S, close_figures  # noqa: E402,F401  (close_figures: autouse)
 
 
 # ------------------------------------------------------------------ Span records

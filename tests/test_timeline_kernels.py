@@ -22,21 +22,15 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from course_utils.timeline import RANGE, Span, Timeline, from_profiler  # noqa: E402
 from course_utils.timeline.profiler_trace import ANCHOR, COMM_OP, PROBE, memcpy_kind, spans_from_trace  # noqa: E402
 from course_utils.timeline.stats import timeline_stats  # noqa: E402
+from tests.timeline_helpers import close_figures  # noqa: E402,F401  (close_figures: autouse)
 
 PID = 4242  # the process; its main thread has tid == pid on Linux
-
-
-@pytest.fixture(autouse=True)
-def _close_figures():
-    yield
-    plt.close("all")
 
 
 # ------------------------------------------------------------------ a GPU trace as kineto writes it

@@ -15,9 +15,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
-from course_utils.timeline import MARK, RANGE, Span, Timeline  # noqa: E402
+from course_utils.timeline import MARK, RANGE, Timeline  # noqa: E402
 from course_utils.timeline.kernels import KernelRecorder  # noqa: E402
 from course_utils.timeline.plot import _fit, _text_in, bar_labels, is_sleep_kernel  # noqa: E402
+from tests.timeline_helpers import S, close_figures  # noqa: E402,F401  (close_figures: autouse)
 
 SPIN = "at::cuda::(anonymous namespace)::spin_kernel(long)"  # the name kineto gives torch.cuda._sleep's kernel
 ADD = ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctorOnSelf_add<float>, "
@@ -25,16 +26,6 @@ ADD = ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFuncto
 MUL = ("void at::native::vectorized_elementwise_kernel<4, at::native::AUnaryFunctor<float, float, float, "
        "at::native::binary_internal::MulFunctor<float> >, std::array<char*, 2ul> >(int, ...)")
 DATA = Path(__file__).resolve().parents[1] / "course_utils" / "reference_data"
-
-
-def S(name, kind, start, end, stream="s", rank=0):
-    return Span(name, kind, rank, stream, float(start), float(end))
-
-
-@pytest.fixture(autouse=True)
-def _close_figures():
-    yield
-    plt.close("all")
 
 
 def _bar_texts(fig) -> list[str]:

@@ -507,17 +507,20 @@ def test_gpu_wrong_answer_table_covers_every_file():
     assert set(GPU_WRONG) == {p.stem for p in wrong_answers(c04.EX_PREFETCH)}
 
 
+def fails_on_gpu(exercise: str, entry: str, stem: str, message: str) -> None:
+    """The wrong answer `stem`, run in the lesson's cells, fails `exercise`'s check with `message` in it."""
+    ns: dict = {"__name__": "__lesson04__"}
+    for src in exercise_cells(notebook(), exercise, (WRONG / f"{stem}.py").read_text())[:-1]:
+        exec(src, ns)
+    with pytest.raises(CheckFailed, match=re.escape(message)) as err:
+        judge_via_probe(exercise, ns[entry])
+    print(f"{stem}: {err.value}")
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("stem", sorted(GPU_WRONG))
-def test_prefetcher_wrong_answers_fail_on_gpu(stem, capsys):
-    nb = notebook()
-    cells = exercise_cells(nb, c04.EX_PREFETCH, (WRONG / f"{stem}.py").read_text())
-    ns: dict = {"__name__": "__lesson04__"}
-    for src in cells[:-1]:
-        exec(src, ns)
-    with pytest.raises(CheckFailed, match=re.escape(GPU_WRONG[stem])) as err:
-        judge_via_probe(c04.EX_PREFETCH, ns["prefetch"])
-    print(f"{stem}: {err.value}")
+def test_prefetcher_wrong_answers_fail_on_gpu(stem):
+    fails_on_gpu(c04.EX_PREFETCH, "prefetch", stem, GPU_WRONG[stem])
 
 
 @pytest.mark.gpu
@@ -547,12 +550,7 @@ def test_losses_gpu_wrong_answer_table_covers_every_file():
 @pytest.mark.gpu
 @pytest.mark.parametrize("stem", sorted(LOSSES_GPU_WRONG))
 def test_losses_wrong_answers_fail_on_gpu(stem):
-    ns: dict = {"__name__": "__lesson04__"}
-    for src in exercise_cells(notebook(), c04.EX_LOSSES, (WRONG / f"{stem}.py").read_text())[:-1]:
-        exec(src, ns)
-    with pytest.raises(CheckFailed, match=re.escape(LOSSES_GPU_WRONG[stem])) as err:
-        judge_via_probe(c04.EX_LOSSES, ns["losses_to_host"])
-    print(f"{stem}: {err.value}")
+    fails_on_gpu(c04.EX_LOSSES, "losses_to_host", stem, LOSSES_GPU_WRONG[stem])
 
 
 @pytest.mark.gpu
