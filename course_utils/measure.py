@@ -111,7 +111,7 @@ def sleep_check(requested_ms: Iterable[float] = (1.0, 5.0, 20.0), rate: float | 
 def sleep_kernels(spans: Iterable[Any]) -> list[Any]:
     """The sleep kernels among a timeline's spans (Span objects or their dicts), by start time: their
     `end_ms - start_ms` is what each sleep really took, to predict from instead of the requested lengths."""
-    from .timeline.plot import is_sleep_kernel
+    from .timeline.spans import is_sleep_kernel
 
     def get(s: Any, key: str) -> Any:
         return s[key] if isinstance(s, dict) else getattr(s, key)

@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from .spans import side_stream_label
+
 __all__ = ["Anchor", "EventRecorder"]
 
 
@@ -39,7 +41,6 @@ class EventRecorder:
         self._device = device
         self.pool: list[torch.cuda.Event] = []
         self.stream_labels: dict[int, str] = {}  # stream.cuda_stream -> row label
-        self.auto = 0  # side streams named "side stream <n>" so far
 
     def event(self) -> torch.cuda.Event:
         return self.pool.pop() if self.pool else torch.cuda.Event(enable_timing=True)
@@ -60,11 +61,7 @@ class EventRecorder:
             if key == torch.cuda.default_stream(stream.device).cuda_stream:
                 self.stream_labels[key] = "default stream"
             else:
-                taken, n = set(self.stream_labels.values()), self.auto + 1
-                while f"side stream {n}" in taken:
-                    n += 1
-                self.auto = n
-                self.stream_labels[key] = f"side stream {n}"
+                self.stream_labels[key] = side_stream_label(self.stream_labels.values())
         return self.stream_labels[key]
 
     def anchor(self) -> Anchor:

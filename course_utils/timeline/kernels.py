@@ -37,7 +37,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .profiler_trace import ANCHOR, PROBE, OwnRange, spans_from_trace
-from .spans import Span
+from .spans import Span, side_stream_label
 
 __all__ = ["KernelRecorder"]
 
@@ -242,14 +242,9 @@ class KernelRecorder:
 
         Every capture probes the default stream, so an unnamed row is never the default stream's."""
         named = set(self.stream_labels.values())
-        taken = named | set(self.auto_labels.values())
         for s in sorted(spans, key=lambda s: s.start_ms):
             if _RAW_ROW.fullmatch(s.stream) and s.stream not in self.auto_labels and s.stream not in named:
-                n = len(self.auto_labels) + 1
-                while f"side stream {n}" in taken:
-                    n += 1
-                self.auto_labels[s.stream] = f"side stream {n}"
-                taken.add(f"side stream {n}")
+                self.auto_labels[s.stream] = side_stream_label(named | set(self.auto_labels.values()))
         return [replace(s, stream=self.auto_labels.get(s.stream, s.stream)) for s in spans]
 
     # ------------------------------------------------------------ ranges and streams

@@ -9,13 +9,14 @@ the notebook's own code.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import textwrap
 from dataclasses import dataclass
 from typing import Any
 
-from .spans import KINDS, MARK, RANGE, Span, lanes, row_label, subtract, union
+from .spans import KINDS, MARK, RANGE, SLEEP_KERNEL, Span, is_sleep_kernel, lanes, row_label, subtract, union
 from .stats import timeline_stats
 
 # One colour per kind of work, the same in every lesson's plot (as Nsight Systems keeps its colours); wait is
@@ -52,15 +53,9 @@ def _short(label: str, n: int = ROW_LABEL_MAX) -> str:
     return label if len(label) <= n else label[: n - 1] + "…"
 
 
-SLEEP_KERNEL = "spin_kernel"  # the kernel behind torch.cuda._sleep (aten/src/ATen/cuda/Sleep.cu)
 # Functor names that say how an elementwise kernel is built, not which op it runs ("AUnaryFunctor<..., MulFunctor>")
 _GENERIC_FUNCTORS = {"AUnary", "BUnary", "Binary", "Unary", "CUDA", "Compare", "Reduce"}
 _FUNCTOR = re.compile(r"(\w+?)Functor(?:OnSelf|OnOther)?(?:_(\w+))?\b")
-
-
-def is_sleep_kernel(name: str) -> bool:
-    """True for the kernel of torch.cuda._sleep / course_utils.measure.gpu_sleep."""
-    return SLEEP_KERNEL in name
 
 
 def _signature_name(name: str) -> str:
@@ -123,6 +118,7 @@ def bar_labels(s: Span) -> list[str]:
     return out
 
 
+@functools.lru_cache(maxsize=4096)  # a plot of hundreds of bars measures the same few strings again and again
 def _text_in(text: str, size: float = BAR_FONT) -> float:
     """Width of `text` in inches at `size` pt in matplotlib's default font, measured without a figure."""
     from matplotlib.font_manager import FontProperties

@@ -17,6 +17,21 @@ RANGE = "range"  # a named range (record_function / tl.span in kernels mode): dr
 MARK = "mark"  # an instant made by Timeline.mark
 COPY_KINDS = ("h2d", "d2h", "d2d")
 NOT_WORK = ("wait", RANGE, MARK)  # kinds that never count as busy time
+SLEEP_KERNEL = "spin_kernel"  # the kernel behind torch.cuda._sleep (aten/src/ATen/cuda/Sleep.cu)
+
+
+def is_sleep_kernel(name: str) -> bool:
+    """True for the kernel of torch.cuda._sleep / course_utils.measure.gpu_sleep."""
+    return SLEEP_KERNEL in name
+
+
+def side_stream_label(taken: Iterable[str]) -> str:
+    """The row of a stream nobody named: "side stream <n>", the smallest n that no row in `taken` has (so
+    unnamed streams are numbered in order of first use, around names given by hand)."""
+    used, n = set(taken), 1
+    while f"side stream {n}" in used:
+        n += 1
+    return f"side stream {n}"
 
 __all__ = ["COPY_KINDS", "KINDS", "MARK", "NOT_WORK", "RANGE", "Intervals", "Span", "check_kind", "coverage",
            "intersect", "lanes", "length", "row_label", "subtract", "union", "work_intervals"]
