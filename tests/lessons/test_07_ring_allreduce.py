@@ -105,6 +105,7 @@ def test_tables_show_naive_tree_ring_whatever_the_recordings_order_and_say_whose
     header = next(line for line in capsys.readouterr().out.splitlines() if line.lstrip().startswith("size"))
     assert header.split() == ["size", "naive", "tree", "ring"]
     notebook_function(notebook, "as_results", ns)
+    notebook_function(notebook, "fit_ends", ns)
     notebook_function(notebook, "show_ring_vs_library", ns)(data, "recorded", "the course's")
     out = capsys.readouterr().out
     assert "ring (the course's): alpha" in out and "yours" not in out
@@ -504,6 +505,11 @@ def check_facts(d: dict) -> list[str]:
         [bench.BenchResult(op=k, size_bytes=s, time_ms=t * 1e3, algbw_gbps=s / t / 1e9) for s, t in
          zip(a["sizes"], sec[k], strict=True)], mode=None) for k in ("ring", "library")}
     assert fits["ring"].alpha_us > fits["library"].alpha_us  # the ring's alpha decides at small sizes
+    # the prose: read at the ends, B is no more than the largest size reached (a whole-range fit may exceed it)
+    fit_ends = notebook_function(json.loads(NOTEBOOK.read_text()), "fit_ends", {})
+    for k in ("ring", "library"):
+        reached = max(s / t for s, t in zip(a["sizes"], sec[k], strict=True))
+        assert fit_ends(a["sizes"], sec[k])[1] < 1.15 * reached, k
     out.append(f"alpha ring {fits['ring'].alpha_us:.1f} us vs library {fits['library'].alpha_us:.1f} us; busbw "
                f"at the largest size: library {a['sizes'][-1] / sec['library'][-1] / 1e9 * factor:.1f} GB/s")
     return out
