@@ -102,7 +102,8 @@ def test_each_exercise_is_registered_by_its_lessons_checks_module(path):
     module = f"course_utils.checks.{slug(path.stem)}"
     for ex in exercise_ids(path):
         assert ex.startswith(f"ex{path.stem[:2]}_"), f"{ex}: exercise ids start with ex<lesson number>_"
-        assert checks.exercise(ex).probe.__module__ == module, f"{ex} is registered outside {module}"
+        registered_by = checks.exercise(ex).probe.__module__
+        assert registered_by == module or registered_by.startswith(f"{module}_"), f"{ex} is registered outside {module}"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
@@ -136,12 +137,15 @@ def test_a_lesson_with_exercises_has_its_room(path):
 
 def test_every_lesson_file_belongs_to_a_notebook():
     stems = {p.stem for p in NOTEBOOKS}
-    orphans = [p for p in CHECKS.glob("*.py") if p.stem != "__init__" and p.stem not in {slug(s) for s in stems}]
+    slugs = {slug(s) for s in stems}
+    # a lesson's checks: checks/<slug>.py, split into checks/<slug>_<part>.py where one file would grow too long
+    orphans = [p for p in CHECKS.glob("*.py") if p.stem != "__init__" and p.stem not in slugs
+               and not any(p.stem.startswith(f"{s}_") for s in slugs)]
     orphans += [p for p in LESSON_TESTS.glob("test_*.py") if p.stem.removeprefix("test_") not in stems]
     orphans += [p for p in WRONG.iterdir() if p.is_dir() and p.name not in stems]
     orphans += [p for p in RECORDINGS.glob("*.json") if p.stem not in stems]
     assert not orphans, f"named after no notebook (renamed or removed?): {[str(p.relative_to(ROOT)) for p in orphans]}"
-    assert sorted(checks.lesson_modules()) == sorted(slug(p.stem) for p in LESSONS)
+    assert {slug(p.stem) for p in LESSONS} <= set(checks.lesson_modules())
 
 
 def test_setup_rule_sees_calls_made_as_the_cell_runs_only():

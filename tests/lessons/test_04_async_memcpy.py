@@ -15,6 +15,7 @@ import torch
 from course_utils import checks, reference
 from course_utils.checks import CheckFailed
 from course_utils.checks import async_memcpy as c04
+from course_utils.checks import async_memcpy_prefetcher as c04p
 from tests.exercise_cells import exercise_cells, run_cells
 
 pytestmark = pytest.mark.gpu_timing  # on a GPU box every test here holds the GPU alone (conftest)
@@ -154,7 +155,7 @@ def test_exercises_end_to_end_in_a_kernel():
     text, err = run_cells(exercise_cells(nb, c04.EX_MAKESPAN, None))
     assert err is None and "passed: ex04_overlap_makespan" in text, text
     if not torch.cuda.is_available():
-        text, err = run_cells(exercise_cells(nb, c04.EX_PREFETCH, None))
+        text, err = run_cells(exercise_cells(nb, c04p.EX_PREFETCH, None))
         assert err is None and checks.CPU_PART_PASSED in text, text
 
 
@@ -164,7 +165,7 @@ def test_exercises_end_to_end_in_a_kernel():
 def test_prefetcher_solution_passes_the_cpu_part(capsys, monkeypatch):
     monkeypatch.setattr(checks, "gpu_available", lambda: False)
     monkeypatch.delenv("COURSE_REQUIRE_GPU", raising=False)
-    run_in_process(c04.EX_PREFETCH, None)
+    run_in_process(c04p.EX_PREFETCH, None)
     out = capsys.readouterr().out
     assert checks.SKIP_MARKER in out and checks.CPU_PART_PASSED in out
 
@@ -178,14 +179,14 @@ def test_prefetcher_solution_passes_the_cpu_part(capsys, monkeypatch):
 def test_prefetcher_wrong_answers_fail_the_cpu_part(stem, message, monkeypatch):
     monkeypatch.setattr(checks, "gpu_available", lambda: False)
     with pytest.raises(CheckFailed, match=message):
-        run_in_process(c04.EX_PREFETCH, (WRONG / f"{stem}.py").read_text())
+        run_in_process(c04p.EX_PREFETCH, (WRONG / f"{stem}.py").read_text())
 
 
 def test_prefetcher_cpu_run_fails_when_a_gpu_is_required(monkeypatch):
     monkeypatch.setattr(checks, "gpu_available", lambda: False)
     monkeypatch.setenv("COURSE_REQUIRE_GPU", "1")
     with pytest.raises(CheckFailed, match="needs a GPU"):
-        run_in_process(c04.EX_PREFETCH, None)
+        run_in_process(c04p.EX_PREFETCH, None)
 
 
 # ------------------------------------------------------------------------ ex04_losses_to_host
@@ -257,7 +258,7 @@ def test_losses_wrong_answers_on_cpu(path, capsys, monkeypatch):
 
 def _small_gpu_inputs(**over) -> dict:
     """The prefetcher's inputs with GPU-sized batches shrunk, so the judge's expectations are cheap here."""
-    inputs = {**checks.exercise(c04.EX_PREFETCH).inputs(), "gpu": True, "gpu_numel": 500, "gpu_idx": [0, 7, 499]}
+    inputs = {**checks.exercise(c04p.EX_PREFETCH).inputs(), "gpu": True, "gpu_numel": 500, "gpu_idx": [0, 7, 499]}
     return {**inputs, **over}
 
 
@@ -270,15 +271,15 @@ def _pipelined(n, c=1.0, k=2.0):
     spans = []
     for i in range(n):
         spans.append(_span("h2d", "stream 7", i * k, i * k + c, "Memcpy HtoD (Pinned -> Device)"))
-        spans.append(_span("compute", c04.COMPUTE_ROW, c + i * k, c + (i + 1) * k, "spin_kernel"))
+        spans.append(_span("compute", c04p.COMPUTE_ROW, c + i * k, c + (i + 1) * k, "spin_kernel"))
     return spans
 
 
 def _serial(n, c=1.0, k=2.0):
     spans, t = [], 0.0
     for _ in range(n):
-        spans.append(_span("h2d", c04.COMPUTE_ROW, t, t + c, "Memcpy HtoD (Pinned -> Device)"))
-        spans.append(_span("compute", c04.COMPUTE_ROW, t + c, t + c + k, "spin_kernel"))
+        spans.append(_span("h2d", c04p.COMPUTE_ROW, t, t + c, "Memcpy HtoD (Pinned -> Device)"))
+        spans.append(_span("compute", c04p.COMPUTE_ROW, t + c, t + c + k, "spin_kernel"))
         t += c + k
     return spans
 
@@ -286,10 +287,10 @@ def _serial(n, c=1.0, k=2.0):
 def _runs(inputs, spans=None, host_ms=1.0, corrupt=None):
     """What a correct prefetcher's probe would return, built from the judge's own expectations."""
     n, runs = inputs["n_batches"], []
-    for j, kind in enumerate(c04._schedule(inputs)):
+    for j, kind in enumerate(c04p._schedule(inputs)):
         numel, idx = (inputs["cpu_numel"], inputs["cpu_idx"]) if kind == "cpu" else \
             (inputs["gpu_numel"], inputs["gpu_idx"])
-        sums, samples = c04._expected(inputs["seed"] + j, n, numel, idx)
+        sums, samples = c04p._expected(inputs["seed"] + j, n, numel, idx)
         run = {"kind": kind, "taken": [min(i + 2, n) for i in range(n)], "problems": [], "sums": sums,
                "samples": samples}
         if kind == "overlap":
@@ -304,34 +305,34 @@ def _runs(inputs, spans=None, host_ms=1.0, corrupt=None):
 
 def test_copy_hidden_from_spans():
     n = 6
-    hidden, _ = c04.copy_hidden(_pipelined(n), n)
+    hidden, _ = c04p.copy_hidden(_pipelined(n), n)
     assert hidden == pytest.approx((n - 1) / n)
-    hidden, _ = c04.copy_hidden(_serial(n), n)
+    hidden, _ = c04p.copy_hidden(_serial(n), n)
     assert hidden == pytest.approx(0.0)
     # Kernels on other streams, and ranges named like copies, change nothing.
     extra = _serial(n) + [_span("compute", "stream 9", 0, 30), _span("range", "stream 9", 0, 30, "Memcpy HtoD")]
-    assert c04.copy_hidden(extra, n)[0] == pytest.approx(0.0)
+    assert c04p.copy_hidden(extra, n)[0] == pytest.approx(0.0)
     # Extra real copies are seen, not counted as hidden.
     more = _serial(n) + [_span("h2d", "stream 9", i * 3.0 + 1, i * 3.0 + 2) for i in range(n)]
-    hidden, note = c04.copy_hidden(more, n)
+    hidden, note = c04p.copy_hidden(more, n)
     assert hidden is None and "12 host-to-device copies" in note
-    assert c04.copy_hidden([s for s in _pipelined(n) if s["kind"] == "h2d"], n)[0] is None
+    assert c04p.copy_hidden([s for s in _pipelined(n) if s["kind"] == "h2d"], n)[0] is None
     # Kernels an answer adds to the compute stream while the copies run would fill the compute row: capped at
     # the probe's own compute time, they cannot pass for hidden copies.
-    faked = _serial(n) + [_span("compute", c04.COMPUTE_ROW, i * 3.0, i * 3.0 + 1) for i in range(n)]
-    assert c04.copy_hidden(faked, n)[0] == pytest.approx(1.0)
-    assert c04.copy_hidden(faked, n, compute_cap_ms=1.1 * n * 2.0)[0] == pytest.approx(0.2)
+    faked = _serial(n) + [_span("compute", c04p.COMPUTE_ROW, i * 3.0, i * 3.0 + 1) for i in range(n)]
+    assert c04p.copy_hidden(faked, n)[0] == pytest.approx(1.0)
+    assert c04p.copy_hidden(faked, n, compute_cap_ms=1.1 * n * 2.0)[0] == pytest.approx(0.2)
 
 
 def test_prefetcher_judge_on_plain_data():
-    ex = checks.exercise(c04.EX_PREFETCH)
+    ex = checks.exercise(c04p.EX_PREFETCH)
     inputs = _small_gpu_inputs()
     assert "83% of the copy time hidden" in ex.judge(inputs, _runs(inputs))
     cpu_inputs = {**inputs, "gpu": False}
     assert "device='cpu'" in ex.judge(cpu_inputs, _runs(cpu_inputs))
     fails = {
         "hidden under compute": _runs(inputs, spans=_serial(6)),
-        "hidden under compute ": _runs(inputs, spans=_serial(6) + [_span("compute", c04.COMPUTE_ROW, i * 3.0,
+        "hidden under compute ": _runs(inputs, spans=_serial(6) + [_span("compute", c04p.COMPUTE_ROW, i * 3.0,
                                                                          i * 3.0 + 1) for i in range(6)]),
         "compute time per batch": {**_runs(inputs), "step_ms": None},
         "host-to-device copies": _runs(inputs, spans=_serial(6) + [_span("h2d", "s", 0, 1)] * 6),
@@ -348,7 +349,7 @@ def test_prefetcher_judge_on_plain_data():
 
 
 def test_prefetcher_judge_recomputes_the_data_from_the_seed():
-    ex = checks.exercise(c04.EX_PREFETCH)
+    ex = checks.exercise(c04p.EX_PREFETCH)
     inputs = _small_gpu_inputs()
     data = _runs(inputs)
     with pytest.raises(CheckFailed, match="data right"):
@@ -357,12 +358,12 @@ def test_prefetcher_judge_recomputes_the_data_from_the_seed():
 
 def test_late_copy_detector_recognises_host_to_gpu_copies_only():
     T, x = torch.Tensor, torch.ones(3)
-    assert c04._copies_to_cuda(T.to, (x, "cuda"), {})
-    assert c04._copies_to_cuda(T.to, (x,), {"device": torch.device("cuda", 0), "non_blocking": True})
-    assert c04._copies_to_cuda(T.cuda, (x,), {})
-    assert not c04._copies_to_cuda(T.to, (x, torch.float16), {})
-    assert not c04._copies_to_cuda(T.to, (x, "cpu"), {})
-    assert not c04._copies_to_cuda(T.add, (x, x), {})
+    assert c04p._copies_to_cuda(T.to, (x, "cuda"), {})
+    assert c04p._copies_to_cuda(T.to, (x,), {"device": torch.device("cuda", 0), "non_blocking": True})
+    assert c04p._copies_to_cuda(T.cuda, (x,), {})
+    assert not c04p._copies_to_cuda(T.to, (x, torch.float16), {})
+    assert not c04p._copies_to_cuda(T.to, (x, "cpu"), {})
+    assert not c04p._copies_to_cuda(T.add, (x, x), {})
 
 
 # ---------------------------------------------------------------------------------- the notebook itself
@@ -485,7 +486,7 @@ def test_prefetcher_solution_passes_on_gpu():
     sol = "".join(next(c for c in notebook()["cells"]
                        if c["metadata"].get("nbgrader", {}).get("grade_id") == "ex04_prefetcher_solution")["source"])
     exec(sol, ns)
-    detail = judge_via_probe(c04.EX_PREFETCH, ns["prefetch"])
+    detail = judge_via_probe(c04p.EX_PREFETCH, ns["prefetch"])
     print(detail)
     assert "hidden" in detail
 
@@ -504,7 +505,7 @@ GPU_WRONG = {
 
 
 def test_gpu_wrong_answer_table_covers_every_file():
-    assert set(GPU_WRONG) == {p.stem for p in wrong_answers(c04.EX_PREFETCH)}
+    assert set(GPU_WRONG) == {p.stem for p in wrong_answers(c04p.EX_PREFETCH)}
 
 
 def fails_on_gpu(exercise: str, entry: str, stem: str, message: str) -> None:
@@ -520,7 +521,7 @@ def fails_on_gpu(exercise: str, entry: str, stem: str, message: str) -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("stem", sorted(GPU_WRONG))
 def test_prefetcher_wrong_answers_fail_on_gpu(stem):
-    fails_on_gpu(c04.EX_PREFETCH, "prefetch", stem, GPU_WRONG[stem])
+    fails_on_gpu(c04p.EX_PREFETCH, "prefetch", stem, GPU_WRONG[stem])
 
 
 @pytest.mark.gpu
@@ -555,7 +556,7 @@ def test_losses_wrong_answers_fail_on_gpu(stem):
 
 @pytest.mark.gpu
 def test_late_copy_batches_delay_the_copy_on_its_own_stream():
-    (late,) = c04.late_copy_batches([torch.ones(1 << 20).pin_memory()], delay_ms=5.0)
+    (late,) = c04p.late_copy_batches([torch.ones(1 << 20).pin_memory()], delay_ms=5.0)
     dst = torch.empty(1 << 20, device="cuda")
     side = torch.cuda.Stream()
     torch.cuda.synchronize()
