@@ -122,7 +122,11 @@ BIG = {"width": 4096, "batch": 4096, "classes": 10, "steps": 8}  # GPU timing: a
 
 
 def _hidden_syncs_inputs() -> dict:
-    return {"seed": random.randrange(2**31), "small": dict(SMALL), "big": dict(BIG), "repeats": 3}
+    inputs = {"small": dict(SMALL), "big": dict(BIG), "repeats": 3}
+    while True:  # about 2% of seeds never reach the clipping threshold, and then an answer without it passes
+        inputs["seed"] = random.randrange(2**31)
+        if max(norm for _, norm, _ in _reference(inputs)[0]) > 1.05:
+            return inputs
 
 
 def _make_problem(device: torch.device | str, width: int, batch: int, classes: int, seed: int):

@@ -211,6 +211,21 @@ def test_wrong_answer_fails_its_check_on_any_machine(path, notebook, capsys):
         assert re.search(NAMES_THE_CASE[path.stem], str(err)), err
 
 
+def test_the_exercise_draws_only_seeds_where_clipping_changes_the_update(notebook, capsys, monkeypatch):
+    """Seed 40's gradients never pass max_norm=1.0, so without this an answer that does not clip passed (in CI)."""
+    drawn: list[int] = []
+
+    def draw(n: int) -> int:  # 40 and 151, then 7, on every call of _hidden_syncs_inputs
+        drawn.append([40, 151, 7][len(drawn) % 3])
+        return drawn[-1]
+
+    monkeypatch.setattr(hd.random, "randrange", draw)
+    assert hd._hidden_syncs_inputs()["seed"] == 7 and drawn == [40, 151, 7]
+    no_clip = (WRONG / f"{HIDDEN}__no_clip.py").read_text()
+    text, err = _run_in_process(exercise_cells(notebook, HIDDEN, no_clip), capsys)
+    assert err is not None and "clipping before opt.step()" in str(err), text
+
+
 NAMES_THE_CASE = {  # main wrong answer -> the failing case (and the learner's line) its message must name
     HOST_MODEL: r"host_done_ms = 0 for program \[\('gpu', 5\.0\)\], saw 5",
     HIDDEN: r"\(count_syncs, 4 steps of the 64-wide MLP, batch 32, on (cpu|cuda)\), saw \d+ per step: .* in line "
