@@ -143,6 +143,10 @@ def one_step(rank: int, spans: list[tuple]) -> dict:
 
 def test_step_numbers_count_communication_from_the_later_ranks_arrival(notebook):
     ns = definitions(notebook)
+
+    def numbers(ranks):
+        return ns["step_numbers"](ns["the_step"](ranks))
+
     ar = "ncclDevKernel_AllReduce_Sum_f32"
     rank0 = [("line up", "range", "default stream", -5.0, 0.0), (ar, "comm", "default stream", -5.0, -0.1),
              ("forward", "range", "default stream", 0.0, 1.0), ("gemm", "compute", "default stream", 0.0, 1.0),
@@ -151,15 +155,15 @@ def test_step_numbers_count_communication_from_the_later_ranks_arrival(notebook)
              ("copy", "d2d", "default stream", 5.0, 5.5)]
     rank1 = [("forward", "range", "default stream", 0.5, 1.5), ("gemm", "compute", "default stream", 0.5, 3.0),
              (ar, "comm", "comm", 3.0, 5.0)]
-    got = ns["step_numbers"]([one_step(0, rank0), one_step(1, rank1)])
+    got = numbers([one_step(0, rank0), one_step(1, rank1)])
     # the line-up's all-reduce (before forward) is left out; compute 0-4 and 5-5.5; exposed: 4-5 of 3-5
     assert got == {"n": 1, "compute_ms": 4.5, "comm_ms": 3.0, "waiting_ms": [1.0, 0.0], "exposed_ms": 1.0,
                    "profiled_ms": 5.5}
     rank1[-1] = (ar, "comm", "comm", 4.5, 5.0)  # rank 1 arrives after rank 0's compute has ended
-    late = ns["step_numbers"]([one_step(0, rank0), one_step(1, rank1)])
+    late = numbers([one_step(0, rank0), one_step(1, rank1)])
     assert (late["waiting_ms"], late["exposed_ms"]) == ([2.5, 0.0], 0.5)
     rank0[6] = (ar, "comm", "comm", 4.8, 5.0)  # now rank 0 is the late one: rank 1 waits
-    assert ns["step_numbers"]([one_step(0, rank0), one_step(1, rank1)])["waiting_ms"] == [0.0, pytest.approx(0.3)]
+    assert numbers([one_step(0, rank0), one_step(1, rank1)])["waiting_ms"] == [0.0, pytest.approx(0.3)]
 
 
 def test_the_sweep_gives_each_cap_its_own_number_of_buckets(notebook):
@@ -542,7 +546,8 @@ def check_facts(d: dict, link: str, ns: dict) -> list[str]:
     base = _step(d["local"])
     added = {k: _step(d[k]) - base for k in ("each", "flat", "per_param", "buckets", "ddp")}
     out.append(f"{link}: ms added to {base:.2f} ms: " + ", ".join(f"{k} {v:.2f}" for k, v in added.items()))
-    said = ns["verdict"](d, {k: ns["step_numbers"](d[k]) for k in ("local", "flat", "buckets", "ddp")})
+    nums = {k: ns["step_numbers"](ns["the_step"](d[k])) for k in ("local", "flat", "buckets", "ddp")}
+    said = ns["verdict"](d, nums)
     out.append(f"{link}: {said}")
     if link != "nvlink":  # the prose: overlap hides part of the communication on the slower links
         assert added["buckets"] < 0.9 * added["each"] and added["buckets"] < 0.9 * added["flat"], added
