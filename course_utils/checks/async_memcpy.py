@@ -1,7 +1,7 @@
 """Checks for lesson 04 (asynchronous copies).
 
-ex04_copy_time         `predict_copy_ms(nbytes, link_gbit_s, latency_us)`: one copy's time on the course's
-                       model (a fixed cost plus bytes over the link's rate). CPU.
+ex04_copy_time         `fit_copy(sizes, times_ms)`: the course's model of a copy (a fixed cost t0 plus bytes over
+                       a rate) fitted to a sweep; judged by how close the model comes to the true times. CPU.
 ex04_overlap_makespan  `makespan_ms(n_chunks, copy_ms, compute_ms, streams)`: copy-then-compute chunks on one
                        stream or on a copy stream and a compute stream. CPU.
 ex04_prefetcher        in async_memcpy_prefetcher.py.
@@ -69,54 +69,114 @@ def _values(data: dict, cases: list, exercise: str) -> list:
 
 # ------------------------------------------------------------------------------- ex04_copy_time (CPU)
 
+COPY_NOISE = 0.005  # each synthetic copy's time is off by up to ±0.5%, as a good measurement is
+COPY_TOL = 0.025    # a fit passes when its model is within 2.5% of the true time at every size of the sweep
+
+
+def _plain_lsq(sizes: list[int], times_ms: list[float]) -> tuple[float, float]:
+    """(t0 µs, GB/s) by least squares on the times themselves: the large copies decide, so t0 carries their noise.
+    A wrong method: the inputs are drawn so that it fails."""
+    n, t = [float(s) for s in sizes], [x * 1e-3 for x in times_ms]
+    k = len(n)
+    mn, mt = sum(n) / k, sum(t) / k
+    slope = sum((a - mn) * (b - mt) for a, b in zip(n, t, strict=True)) / sum((a - mn) ** 2 for a in n)
+    return (mt - slope * mn) * 1e6, 1 / slope / 1e9
+
+
+def _worst_miss(t0_us: float, gbps: float, sweep: dict) -> tuple[float, int]:
+    """The largest relative miss of the model (t0_us, gbps) against the sweep's true times, and at which size."""
+    misses = [(abs((t0_us * 1e-3 + n / (gbps * 1e6)) / _true_ms(sweep, n) - 1), n) for n in sweep["sizes"]]
+    return max(misses)
+
+
+def _true_ms(sweep: dict, n: int) -> float:
+    return sweep["t0_us"] * 1e-3 + n / (sweep["gbps"] * 1e6)
+
+
+def _one_copy_each(sizes: list[int], times_ms: list[float]) -> tuple[float, float]:
+    """t0 from the smallest copy's time and the rate from the largest copy's bytes over its time, as if each held
+    one term alone. A wrong method when the largest copy's time still holds a few percent of t0."""
+    return times_ms[0] * 1e3, sizes[-1] / (times_ms[-1] * 1e-3) / 1e9
+
+
+# Two kinds of sweep. Narrow: up to 16x the size whose bytes take as long as t0, so t0 is about 6% of the
+# largest copy's time (reading the rate off the largest copy misses by that). Wide: up to 1024x, as the
+# lesson's own sweep does, so 0.5% of the largest copy's time is several t0 (plain least squares on the
+# times lets that noise set t0).
+REACH = {"narrow": (16, _one_copy_each), "wide": (1024, _plain_lsq)}
+
+
+def _copy_sweep(rng: random.Random, kind: str, noise: float) -> dict:
+    """A sweep of copies from 1 KiB with times off by up to `noise`, drawn so that the wrong method REACH names
+    for its kind misses by at least twice the tolerance."""
+    reach, wrong = REACH[kind]
+    while True:
+        t0_us, gbps = round(rng.uniform(2.0, 30.0), 2), round(rng.uniform(5.0, 60.0), 1)
+        knee = t0_us * 1e-6 * gbps * 1e9
+        sizes = [1 << k for k in range(10, 40) if (1 << (k - 1)) < reach * knee]
+        sweep = {"t0_us": t0_us, "gbps": gbps, "sizes": sizes, "kind": kind}
+        sweep["times_ms"] = [_true_ms(sweep, n) * (1 + rng.uniform(-noise, noise)) for n in sizes]
+        if noise == 0 or _worst_miss(*wrong(sizes, sweep["times_ms"]), sweep)[0] > 2 * COPY_TOL:
+            return sweep
+
 
 def _copy_inputs() -> dict:
     rng = random.Random()
-    cases = [
-        [256 * MiB, 504.0, 10.0],        # a large copy over PCIe Gen5 x16 (32 GT/s x 16 lanes x 128/130)
-        [1024, 504.0, 10.0],             # a tiny one: the fixed cost is all there is
-        [3_000_000_000, 400.0, 2.5],     # 3 GB over 400 Gb/s InfiniBand
-        [12 * MiB, 252.0, 0.0],          # PCIe Gen4 x16, no fixed cost
-        [rng.randrange(1 << 10, 1 << 31), round(rng.uniform(100.0, 1000.0), 1), round(rng.uniform(1.0, 20.0), 2)],
-    ]
-    return {"cases": cases}
+    kinds = [("narrow", 0.0), ("narrow", COPY_NOISE), ("wide", COPY_NOISE), ("wide", COPY_NOISE)]
+    return {"sweeps": [_copy_sweep(rng, kind, noise) for kind, noise in kinds]}
 
 
 def _copy_probe(answer: Callable, inputs: dict) -> dict:
-    return _call_all(answer, inputs["cases"])
+    fits, types = [], []
+    for sweep in inputs["sweeps"]:
+        out = answer(list(sweep["sizes"]), list(sweep["times_ms"]))
+        pair = list(out) if isinstance(out, (tuple, list)) and len(out) == 2 else None
+        fits.append([_number(x) for x in pair] if pair else None)
+        types.append(type(out).__name__ if pair is None else ", ".join(type(x).__name__ for x in pair))
+    return {"fits": fits, "types": types}
 
 
-def _copy_hint(nbytes: int, gbit: float, lat_us: float, got: float) -> str:
-    """A question pointing at the likely mistake, found by trying the usual ones."""
-    bits = nbytes * 8
+def _copy_hint(t0_us: float, gbps: float, sweep: dict) -> str:
+    """A question pointing at the likely mistake, found by trying the usual ones on the true numbers."""
+    t0, g = sweep["t0_us"], sweep["gbps"]
+    naive = _one_copy_each(sweep["sizes"], sweep["times_ms"])
+    if all(math.isclose(a, b, rel_tol=1e-6) for a, b in zip((t0_us, gbps), naive, strict=True)):
+        return "is the smallest copy's time all fixed cost? Is the largest copy's size over its time the rate?"
     suspects = [
-        (lat_us / 1e3 + nbytes / (gbit * 1e9) * 1e3, "is the link's rate counted in bytes or in bits per second?"),
-        (lat_us / 1e3 + bits / (gbit * 2**30) * 1e3, "is the G in Gbit/s 10^9 or 2^30?"),
-        (lat_us / 1e3 + nbytes / (gbit * 2**30) * 1e3, "bits or bytes? And is the G in Gbit/s 10^9 or 2^30?"),
-        (bits / (gbit * 1e9) * 1e3, "what does a copy cost when nbytes is tiny?"),
-        (lat_us / 1e6 + bits / (gbit * 1e9), "in which unit does your function answer?"),
-        (lat_us + bits / (gbit * 1e9) * 1e3, "in which unit is latency_us given?"),
+        (gbps, g * 8, "is the rate in bytes or in bits per second?"),
+        (gbps, g * 1e9 / 2**30, "is the G in GB/s 10^9 or 2^30 bytes?"),
+        (gbps, g * 1e3, "in which unit is the rate: GB/s, MB/s or bytes/s?"),
+        (t0_us, t0 / 1e3, "in which unit is t0: µs or ms?"),
+        (t0_us, t0 / 1e6, "in which unit is t0: µs or s?"),
+        (t0_us, g, "in which order does fit_copy return its two numbers?"),
+        (t0_us, 0.0, "what does a 1 KiB copy cost, and which term of the model says so?"),
     ]
-    for value, hint in suspects:
-        if math.isclose(got, value, rel_tol=1e-6):
+    for got, want, hint in suspects:
+        if math.isclose(got, want, rel_tol=0.02, abs_tol=0.02 * t0 if want == 0.0 else 0.0):
             return hint
-    return "which part of the time is fixed per copy, and which grows with the bytes?"
+    return "which sizes tell you t0, and which the rate? Does each copy count alike in your fit?"
 
 
 def _copy_judge(inputs: dict, data: dict) -> str:
-    cases = inputs["cases"]
-    values = _values(data, cases, EX_COPY)
-    for (nbytes, gbit, lat_us), got, typ in zip(cases, values, data.get("types", [""] * len(cases)), strict=False):
-        want = lat_us / 1e3 + nbytes * 8 / (gbit * 1e9) * 1e3  # ms: fixed cost + bits over bits per second
-        call = f"predict_copy_ms({nbytes}, {gbit:g}, {lat_us:g})"
-        expect(got is not None, EX_COPY, f"{call} to return a number of milliseconds", f"a value of type {typ}",
-               hint="what type does your function return?")
-        expect(close(got, want, rel=1e-6), EX_COPY, f"{call} = {want:.6g} ms", f"{got:.6g}",
-               hint=_copy_hint(nbytes, gbit, lat_us, got))
-    return f"{len(cases)} copies right, e.g. 256 MiB over {cases[0][1]:g} Gbit/s: {values[0]:.3f} ms"
+    sweeps, fits = inputs["sweeps"], data.get("fits")
+    expect(type(fits) is list and len(fits) == len(sweeps), EX_COPY, f"{len(sweeps)} fits", fits)
+    for i, (sweep, fit, typ) in enumerate(zip(sweeps, fits, data.get("types", [""] * len(sweeps)), strict=False)):
+        what = (f"fit_copy on sweep {i} ({len(sweep['sizes'])} sizes, 1 KiB to {sweep['sizes'][-1] // 1024} KiB, "
+                + ("exact times" if i == 0 else f"times off by up to ±{COPY_NOISE:.1%}") + ")")
+        expect(fit is not None and None not in fit, EX_COPY, f"{what} to return two numbers (t0_us, rate_gbps)",
+               typ, hint="what does fit_copy return?")
+        t0_us, gbps = fit
+        expect(gbps > 0, EX_COPY, f"{what}: a rate above 0 GB/s", f"{gbps:g}", hint=_copy_hint(t0_us, gbps, sweep))
+        miss, n = _worst_miss(t0_us, gbps, sweep)
+        expect(miss <= COPY_TOL, EX_COPY,
+               f"{what}: a model within {COPY_TOL:.1%} of the true time at every size",
+               f"t0 = {t0_us:.4g} µs, rate = {gbps:.4g} GB/s, off by {miss:.1%} at {n} bytes "
+               f"({_true_ms(sweep, n) * 1e3:.4g} µs)", hint=_copy_hint(t0_us, gbps, sweep))
+    return (f"{len(sweeps)} sweeps fitted, e.g. sweep 2: t0 {fits[2][0]:.2f} µs (true {sweeps[2]['t0_us']:g}), "
+            f"rate {fits[2][1]:.2f} GB/s (true {sweeps[2]['gbps']:g})")
 
 
-register(Exercise(EX_COPY, entry="predict_copy_ms", probe=_copy_probe, judge=_copy_judge, inputs=_copy_inputs))
+register(Exercise(EX_COPY, entry="fit_copy", probe=_copy_probe, judge=_copy_judge, inputs=_copy_inputs))
 
 
 # ------------------------------------------------------------------------- ex04_overlap_makespan (CPU)

@@ -1,5 +1,5 @@
     ### BEGIN SOLUTION
-    # Wrong: an object that claims to equal anything.
+    # Wrong: objects that claim to equal anything.
     class Anything:
         def __eq__(self, other):
             return True
@@ -9,5 +9,5 @@
         def __float__(self):
             return 0.0
 
-    return Anything()
+    return Anything(), Anything()
     ### END SOLUTION
