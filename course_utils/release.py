@@ -24,6 +24,7 @@ from .grading.release import (  # noqa: F401  (re-exported)
     solution_blocks,
     student_version,
     substitute,
+    unsolved_master,
 )
 
 if __name__ == "__main__":

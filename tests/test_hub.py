@@ -418,6 +418,26 @@ def test_a_students_processes_read_neither_the_masters_nor_the_tests_nor_another
     assert shutil.which("python", path=env["PATH"]) == str(Path(hub.py).parent / "python"), "a terminal's python"
 
 
+def test_a_student_checks_their_lessons_against_the_masters_without_solutions(hub):
+    """`make -C REPO check` in a student's terminal: their workspace, scored against release/grading, which holds
+    every cell of the masters but the solutions."""
+    name, repo = hub.names["s1"], hub.repo
+    env = servers()[name]["env"]
+    grading = Path(env["MASTER_DIR"])
+    assert grading == repo / ".hub" / "release" / "grading" and Path(env["LAB_WORKSPACE"]) == Path(
+        env["JUPYTERHUB_ROOT_DIR"]).parent
+    assert "lstsq" in (repo / "notebooks" / "04_async_memcpy.ipynb").read_text()  # ex04's solution, in the master
+    assert "lstsq" not in (grading / "04_async_memcpy.ipynb").read_text()
+    keep = ("HOME", "PATH", "PYTHONPATH", "USER", "LAB_WORKSPACE", "MASTER_DIR")
+    res = subprocess.run(["runuser", "-u", name, "--", "make", "-s", "-C", str(repo), "check", "NB=04_async_memcpy",
+                          f"PY={hub.py}"], cwd=env["HOME"], env={k: env[k] for k in keep},
+                         capture_output=True, text=True, timeout=600)
+    out = res.stdout + res.stderr
+    assert res.returncode != 0 and "Traceback" not in out and "PermissionError" not in out, out[-3000:]
+    for gid in ("ex04_copy_time", "ex04_overlap_makespan", "ex04_prefetcher", "ex04_losses_to_host"):
+        assert re.search(rf"{gid}\b.*not attempted", res.stdout), out[-3000:]
+
+
 def test_the_instructor_gets_the_masters(hub):
     name = hub.names["teacher"]
     master = contents(hub, hub.sessions["teacher"], name, "07_ring_allreduce.ipynb")

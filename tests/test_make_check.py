@@ -21,13 +21,13 @@ MASTER = FIXTURE / "99_fixture.ipynb"
 WRONG = {"ex99_add": "    return a - b\n"}
 
 
-def make_check(workspace: Path, nb) -> subprocess.CompletedProcess:
+def make_check(workspace: Path, nb, master_dir: Path = FIXTURE) -> subprocess.CompletedProcess:
     (workspace / "notebooks").mkdir(parents=True)
     (workspace / "notebooks" / MASTER.name).write_text(release.dumps(nb))
     env = {**os.environ, "COURSE_CHECKS_MODULES": str(FIXTURE / "fixture_checks.py"), "CUDA_VISIBLE_DEVICES": ""}
     env.pop("COURSE_REQUIRE_GPU", None)
     return subprocess.run(["make", "-s", "check", "NB=99_fixture", f"LAB_WORKSPACE={workspace}",
-                           f"MASTER_DIR={FIXTURE}", f"PY={sys.executable}"], cwd=ROOT, env=env,
+                           f"MASTER_DIR={master_dir}", f"PY={sys.executable}"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
 
 
@@ -51,3 +51,15 @@ def test_make_check_reports_each_exercise_and_fails_unless_all_pass(version, tmp
     else:
         assert run.returncode != 0, out + run.stderr  # (make passes on the command's 1 as its own 2)
         assert "failed" in out and "ex99_add" in out
+
+
+def test_the_masters_without_their_solutions_score_as_the_masters_do(tmp_path):
+    """Hub students cannot read the masters: their `make check` scores against release.unsolved_master copies."""
+    master = nbformat.read(MASTER, as_version=4)
+    unsolved = tmp_path / "grading"
+    unsolved.mkdir()
+    (unsolved / MASTER.name).write_text(release.dumps(release.unsolved_master(master, "fixture")))
+    solved = make_check(tmp_path / "solved", master, unsolved)
+    assert solved.returncode == 0 and "failed" not in solved.stdout, solved.stdout + solved.stderr
+    wrong = make_check(tmp_path / "wrong", release.substitute(master, WRONG, "fixture"), unsolved)
+    assert wrong.returncode != 0 and "failed" in wrong.stdout, wrong.stdout + wrong.stderr

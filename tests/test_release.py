@@ -58,6 +58,20 @@ def test_student_version_replaces_solutions_keeps_indentation_and_locks_checks()
     assert [ex.grade_id for ex in got] == ["ex99_add", "ex99_mean", "ex99_gpu", "ex99_scale"]
 
 
+def test_the_unsolved_master_keeps_every_cell_but_the_solutions():
+    master = nbformat.read(MASTER, as_version=4)
+    unsolved = release.unsolved_master(master, "fixture")
+    assert [ex.grade_id for ex in release.exercises(unsolved)] == [ex.grade_id for ex in release.exercises(master)]
+    for a, b in zip(master.cells, unsolved.cells, strict=True):
+        if release.is_solution_cell(a):
+            blocks = release.solution_blocks(b.source, "unsolved")
+            lines = b.source.split("\n")
+            assert blocks and all([x.strip() for x in lines[s + 1:e]] == [release.STUB] for s, e in blocks)
+            assert a.source != b.source
+        else:
+            assert a.source == b.source
+
+
 def test_completed_exercises_keep_their_solution_without_markers():
     student = release.student_version(master(), "fixture", completed={"ex99_mean"})
     assert student.cells[7].source == "def total(xs):\n    return sum(xs)"

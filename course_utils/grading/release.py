@@ -190,6 +190,18 @@ def student_version(master, name: str = "notebook", completed: tuple[str, ...] |
     return nb
 
 
+def unsolved_master(master, name: str = "notebook"):
+    """A copy of `master` whose solution blocks hold the stub between their markers: all the grader needs of a
+    master to score a notebook, and no solution. Students who may not read the masters check against it."""
+    exercises(master, name)  # validate first
+    nb = copy.deepcopy(master)
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type == "code" and is_solution_cell(cell):
+            n = len(solution_blocks(cell.source, f"{name}, cell {i}"))
+            cell.source = replace_blocks(cell.source, [f"{BEGIN}\n{STUB}\n{END}"] * n)
+    return nb
+
+
 def substitute(master, answers: dict[str, str], name: str = "notebook"):
     """A copy of `master` with exercise answers replaced: answers[grade_id] replaces its solution blocks.
 

@@ -132,12 +132,20 @@ def python_paths() -> list[Path]:
 
 
 def release_lessons(settings: Settings) -> int:
-    """Write the student versions of the masters into HUB_DIR/release/notebooks; returns how many."""
-    from course_utils.grading.release import release
+    """Write the student versions of the masters into HUB_DIR/release/notebooks, and the masters without their
+    solutions into HUB_DIR/release/grading (what `make check` scores against); returns how many lessons."""
+    import nbformat
+
+    from course_utils.grading.release import dumps, release, unsolved_master
 
     written = release([settings.repo / "notebooks"], settings.release)
-    for _master, student, _found in written:
+    settings.grading.mkdir(parents=True, exist_ok=True)
+    os.chmod(settings.grading, 0o755)
+    for master, student, _found in written:
         os.chmod(student, 0o644)
+        copy = settings.grading / master.name
+        copy.write_text(dumps(unsolved_master(nbformat.read(master, as_version=4), str(master))), encoding="utf-8")
+        os.chmod(copy, 0o644)
     return len(written)
 
 
@@ -156,7 +164,7 @@ def prepare(settings: Settings) -> list[str]:
     count = release_lessons(settings)
     write_kernel_spec(settings.jupyter)
     problems += not_open_to_all([settings.repo / "course_utils", settings.repo / "launch", settings.release,
-                                 *python_paths()])
+                                 settings.grading, *python_paths()])
     print(f"hub: {len(students)} students, instructors {admins or 'none'} (group {settings.group}); closed to "
           f"students: {', '.join(str(p) for p in closed)}; {count} lessons released in {settings.release}")
     return problems

@@ -50,6 +50,11 @@ class Settings:
     def release(self) -> Path:
         return self.hub_dir / "release" / "notebooks"
 
+    @property
+    def grading(self) -> Path:
+        """The masters with their solutions taken out (release.unsolved_master): students' `make check` reads them."""
+        return self.hub_dir / "release" / "grading"
+
 
 def _path(value: str, repo: Path) -> Path:
     return (repo / value).resolve() if not os.path.isabs(value) else Path(value)

@@ -84,6 +84,10 @@ def pre_spawn_hook(settings: Settings):
             spawner.notebook_dir = str(settings.repo / "notebooks")
         else:
             spawner.notebook_dir = str(await make_workspace(settings, spawner.user.name))
+            # `make -C REPO check` in the student's terminal: their workspace, scored against the masters without
+            # their solutions (the masters themselves are closed to students)
+            spawner.environment = {**spawner.environment, "LAB_WORKSPACE": str(Path(spawner.notebook_dir).parent),
+                                   "MASTER_DIR": str(settings.grading)}
         spawner.log.info("%s's server serves %s", spawner.user.name, spawner.notebook_dir)
 
     return hook
