@@ -99,10 +99,10 @@ def _one_copy_each(sizes: list[int], times_ms: list[float]) -> tuple[float, floa
     return times_ms[0] * 1e3, sizes[-1] / (times_ms[-1] * 1e-3) / 1e9
 
 
-# Two kinds of sweep. Narrow: up to 16x the size whose bytes take as long as t0, so t0 is about 6% of the
-# largest copy's time (reading the rate off the largest copy misses by that). Wide: up to 1024x, as the
-# lesson's own sweep does, so 0.5% of the largest copy's time is several t0 (plain least squares on the
-# times lets that noise set t0).
+# Every sweep starts a little below the knee (the size whose bytes take as long as t0), so the smallest copy's
+# time is not all t0. Two kinds: narrow, up to 16x the knee, so t0 is about 6% of the largest copy's time
+# (reading the rate off the largest copy misses by that); wide, up to 1024x, as the lesson's own sweep goes, so
+# 0.5% of the largest copy's time is several t0 (plain least squares on the times lets that noise set t0).
 REACH = {"narrow": (16, _one_copy_each), "wide": (1024, _plain_lsq)}
 
 
@@ -113,7 +113,8 @@ def _copy_sweep(rng: random.Random, kind: str, noise: float) -> dict:
     while True:
         t0_us, gbps = round(rng.uniform(2.0, 30.0), 2), round(rng.uniform(5.0, 60.0), 1)
         knee = t0_us * 1e-6 * gbps * 1e9
-        sizes = [1 << k for k in range(10, 40) if (1 << (k - 1)) < reach * knee]
+        # from the power of two in (knee/8, knee/4]: the smallest copy's bytes take 1/9 to 1/5 of its time
+        sizes = [1 << k for k in range(4, 40) if knee / 8 < (1 << k) and (1 << (k - 1)) < reach * knee]
         sweep = {"t0_us": t0_us, "gbps": gbps, "sizes": sizes, "kind": kind}
         sweep["times_ms"] = [_true_ms(sweep, n) * (1 + rng.uniform(-noise, noise)) for n in sizes]
         if noise == 0 or _worst_miss(*wrong(sizes, sweep["times_ms"]), sweep)[0] > 2 * COPY_TOL:
@@ -139,9 +140,11 @@ def _copy_probe(answer: Callable, inputs: dict) -> dict:
 def _copy_hint(t0_us: float, gbps: float, sweep: dict) -> str:
     """A question pointing at the likely mistake, found by trying the usual ones on the true numbers."""
     t0, g = sweep["t0_us"], sweep["gbps"]
-    naive = _one_copy_each(sweep["sizes"], sweep["times_ms"])
-    if all(math.isclose(a, b, rel_tol=1e-6) for a, b in zip((t0_us, gbps), naive, strict=True)):
-        return "is the smallest copy's time all fixed cost? Is the largest copy's size over its time the rate?"
+    smallest_us, largest_gbps = _one_copy_each(sweep["sizes"], sweep["times_ms"])
+    if math.isclose(t0_us, smallest_us, rel_tol=1e-6):
+        return "is the smallest copy's time all fixed cost, or does it move bytes too?"
+    if math.isclose(gbps, largest_gbps, rel_tol=1e-6):
+        return "is the largest copy's size over its time the rate, or does that time hold t0 too?"
     suspects = [
         (gbps, g * 8, "is the rate in bytes or in bits per second?"),
         (gbps, g * 1e9 / 2**30, "is the G in GB/s 10^9 or 2^30 bytes?"),
@@ -149,7 +152,7 @@ def _copy_hint(t0_us: float, gbps: float, sweep: dict) -> str:
         (t0_us, t0 / 1e3, "in which unit is t0: µs or ms?"),
         (t0_us, t0 / 1e6, "in which unit is t0: µs or s?"),
         (t0_us, g, "in which order does fit_copy return its two numbers?"),
-        (t0_us, 0.0, "what does a 1 KiB copy cost, and which term of the model says so?"),
+        (t0_us, 0.0, "what does a tiny copy cost, and which term of the model says so?"),
     ]
     for got, want, hint in suspects:
         if math.isclose(got, want, rel_tol=0.02, abs_tol=0.02 * t0 if want == 0.0 else 0.0):
@@ -161,8 +164,9 @@ def _copy_judge(inputs: dict, data: dict) -> str:
     sweeps, fits = inputs["sweeps"], data.get("fits")
     expect(type(fits) is list and len(fits) == len(sweeps), EX_COPY, f"{len(sweeps)} fits", fits)
     for i, (sweep, fit, typ) in enumerate(zip(sweeps, fits, data.get("types", [""] * len(sweeps)), strict=False)):
-        what = (f"fit_copy on sweep {i} ({len(sweep['sizes'])} sizes, 1 KiB to {sweep['sizes'][-1] // 1024} KiB, "
-                + ("exact times" if i == 0 else f"times off by up to ±{COPY_NOISE:.1%}") + ")")
+        sizes = f"{len(sweep['sizes'])} sizes, {sweep['sizes'][0]} to {sweep['sizes'][-1]} bytes"
+        times = "exact times" if i == 0 else f"times off by up to ±{COPY_NOISE:.1%}"
+        what = f"fit_copy on sweep {i} ({sizes}, {times})"
         expect(fit is not None and None not in fit, EX_COPY, f"{what} to return two numbers (t0_us, rate_gbps)",
                typ, hint="what does fit_copy return?")
         t0_us, gbps = fit

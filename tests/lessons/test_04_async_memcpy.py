@@ -73,9 +73,9 @@ def test_copy_time_judge_passes_the_model_and_names_each_mistake():
         "µs or ms": dict(t0_us=lambda sw: sw["t0_us"] / 1e3),
         "µs or s?": dict(t0_us=lambda sw: sw["t0_us"] / 1e6),
         "which order": dict(t0_us=lambda sw: sw["gbps"], gbps=lambda sw: sw["t0_us"]),
-        "1 KiB copy cost": dict(t0_us=lambda sw: 0.0),
-        "smallest copy's time all fixed": dict(t0_us=lambda sw: sw["times_ms"][0] * 1e3,
-                                     gbps=lambda sw: sw["sizes"][-1] / sw["times_ms"][-1] / 1e6),
+        "tiny copy cost": dict(t0_us=lambda sw: 0.0),
+        "smallest copy's time all fixed": dict(t0_us=lambda sw: sw["times_ms"][0] * 1e3),
+        "largest copy's size over its time": dict(gbps=lambda sw: sw["sizes"][-1] / sw["times_ms"][-1] / 1e6),
     }
     for hint, wrong in mistakes.items():
         with pytest.raises(CheckFailed, match=re.escape(hint)):
@@ -96,6 +96,8 @@ def test_copy_sweeps_are_drawn_so_that_each_kinds_wrong_method_misses_by_far():
         for _ in range(200):
             sw = c04._copy_sweep(rng, kind, c04.COPY_NOISE)
             assert c04._worst_miss(*wrong(sw["sizes"], sw["times_ms"]), sw)[0] > 2 * c04.COPY_TOL
+            knee = sw["t0_us"] * 1e3 * sw["gbps"]  # bytes: the smallest copy's are 1/9 to 1/5 of its time
+            assert knee / 8 < sw["sizes"][0] <= knee / 4, (sw["sizes"][0], knee)
             off = [abs(t / c04._true_ms(sw, n) - 1) for n, t in zip(sw["sizes"], sw["times_ms"], strict=True)]
             assert max(off) <= c04.COPY_NOISE
 
@@ -160,7 +162,8 @@ def test_cpu_exercise_wrong_answer_fails(path):
 
 def test_every_exercise_has_wrong_answers_of_each_kind_the_issue_names():
     stems = {p.stem for p in WRONG.glob("*.py")}
-    assert {f"ex04_copy_time{w}" for w in ("", "__gib", "__bits", "__no_latency", "__one_copy_each")} <= stems
+    assert {f"ex04_copy_time{w}" for w in ("", "__gib", "__bits", "__no_latency", "__one_copy_each",
+                                            "__smallest_is_t0")} <= stems
     assert {"ex04_overlap_makespan", "ex04_overlap_makespan__no_fill_drain"} <= stems  # ignores overlap
     assert {f"ex04_prefetcher__{w}" for w in ("synchronize", "host_waits_for_copy", "no_wait", "same_stream",
                                               "fake_copy_spans", "extra_copies", "equal_to_anything")} <= stems
