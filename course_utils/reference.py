@@ -166,6 +166,15 @@ class Recorder:
             self._stored = load(self.name, self.directory)
         return self._stored
 
+    @property
+    def here(self) -> str:
+        """Where a verdict's numbers come from, as it should say so: "on this machine" when measured live, else
+        "in the recording (<its GPU>)", so that a learner without a GPU never reads a recorded number as theirs."""
+        if self.live:
+            return "on this machine"
+        rec = self.recording
+        return f"in the recording ({rec.provenance.get('gpu', 'a GPU')})" if rec else "in the recording"
+
     def _say(self, line: str) -> None:
         if not self.quiet:
             print(line)

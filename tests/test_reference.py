@@ -54,3 +54,14 @@ def test_provenance_check_rejects_a_cpu_made_file():
         assert real_gpu_problems(cpu)
     fake = {"gpu": "FAKE (local dev only)", "gpu_count": 1, "cuda": "13.0", "driver": "1", "torch": "2", "date": "d"}
     assert any("FAKE" in p for p in real_gpu_problems(fake))
+
+
+def test_verdicts_name_where_their_numbers_come_from(tmp_path):
+    """A learner without a GPU reads "in the recording (GPU)", never "on this machine", before a recorded number."""
+    assert reference.Recorder("x", live=True, directory=tmp_path).here == "on this machine"
+    assert reference.Recorder("x", live=False, directory=tmp_path).here == "in the recording"  # none made yet
+    reference.save("x", {"k": 1}, directory=tmp_path)
+    data = json.loads((tmp_path / "x.json").read_text())
+    data["provenance"]["gpu"] = "NVIDIA H200"
+    (tmp_path / "x.json").write_text(json.dumps(data))
+    assert reference.Recorder("x", live=False, directory=tmp_path).here == "in the recording (NVIDIA H200)"

@@ -396,7 +396,8 @@ def printed(notebook, marker: str, directory: Path | None = None) -> str:
 def test_stream_switch_cell_prints_the_verdict_of_its_numbers(notebook, tmp_path, us, verdict):
     reference.save(STEM, {"stream_switch": us}, directory=tmp_path)
     text = printed(notebook, SWITCH, tmp_path)
-    assert f"on this machine: {verdict}: a `with` per op adds {us['with each op'] - us['bare']:.1f} µs" in text, text
+    here = reference.Recorder(STEM, live=False, directory=tmp_path).here  # "in the recording (...)"
+    assert f"{here}: {verdict}: a `with` per op adds {us['with each op'] - us['bare']:.1f} µs" in text, text
 
 
 @pytest.mark.parametrize("eager, graph, verdict", [
@@ -409,7 +410,8 @@ def test_graph_cell_prints_the_verdict_of_its_numbers(notebook, tmp_path, eager,
     reference.save(STEM, {"graph": {"ops": 400, "same_as_eager": True, "eager": eager, "graph": graph}},
                    directory=tmp_path)
     text = printed(notebook, GRAPH, tmp_path)
-    assert f"on this machine: {verdict}; the host spent" in text and "eager loop's result: True" in text, text
+    here = reference.Recorder(STEM, live=False, directory=tmp_path).here
+    assert f"{here}: {verdict}; the host spent" in text and "eager loop's result: True" in text, text
 
 
 def test_new_cells_say_so_when_the_recording_lacks_them(notebook, tmp_path):
@@ -419,8 +421,8 @@ def test_new_cells_say_so_when_the_recording_lacks_them(notebook, tmp_path):
 
 
 @pytest.mark.parametrize("marker, verdict", [
-    (SWITCH, "on this machine: the stream switch costs more than the launch itself"),
-    (GRAPH, "on this machine: replay ran a step "),
+    (SWITCH, "the stream switch costs more than the launch itself"),
+    (GRAPH, "replay ran a step "),
 ])
 def test_recorded_verdicts(notebook, marker, verdict):
     key = re.search(r'"(\w+)"', marker).group(1)
@@ -428,7 +430,9 @@ def test_recorded_verdicts(notebook, marker, verdict):
         pytest.skip(f"the recording has no {key!r} yet: make it on a GPU with "
                     f"python benchmarks/record_references.py {STEM}")
     text = printed(notebook, marker)
-    assert verdict in text and "no faster" not in text, text
+    here = reference.Recorder(STEM, live=False).here
+    assert here.startswith("in the recording (NVIDIA"), here
+    assert f"{here}: {verdict}" in text and "no faster" not in text, text
 
 
 @pytest.mark.gpu
