@@ -29,7 +29,7 @@ Outcomes: passed; failed (CheckFailed, "expected ..., saw ..."); skipped (a GPU 
 without CUDA: "skipped: needs a GPU", and under COURSE_REQUIRE_GPU=1 that is a failure); not attempted
 (the solution still raises NotImplementedError, the stub that student versions carry). A GPU exercise
 with `cpu_part=True` is probed on CPU too (inputs["gpu"] is False) and, if that part passes, reported
-as "skipped: needs a GPU (CPU part passed; GPU part not graded here)".
+as "skipped: needs a GPU (ex..: CPU part passed; GPU part not graded on this machine)".
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ SKIP_MARKER = "skipped: needs a GPU"
 NOT_ATTEMPTED_MARKER = "not attempted yet:"
 LAB_ENV = "COURSE_LAB"  # "1" in `make lab`'s kernels: an unsolved exercise's check says so instead of raising
 PASS_MARKER = "passed:"
-CPU_PART_PASSED = "CPU part passed; GPU part not graded here"
+CPU_PART_PASSED = "CPU part passed; GPU part not graded on this machine"
 
 
 
@@ -240,8 +240,9 @@ def from_bytes(raw: bytes, limit: int = MAX_DECODED_BYTES) -> Any:
 def _skip(grade_id: str, detail: str = "") -> None:
     if require_gpu_mode():
         raise CheckFailed(f"{grade_id}: needs a GPU, and COURSE_REQUIRE_GPU=1 forbids skipping it")
-    print(f"{SKIP_MARKER} ({grade_id} runs on CUDA; this machine has none, so it is not graded here"
-          + (f"; {detail}" if detail else "") + ")")
+    # One statement of what counted: the CPU part's pass when there was one, else that nothing was graded
+    print(f"{SKIP_MARKER} ({grade_id}: " + (detail or "it runs on CUDA, which this machine lacks: not graded here")
+          + ")")
 
 
 def _not_attempted(grade_id: str) -> None:
