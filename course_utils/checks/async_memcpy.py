@@ -28,7 +28,6 @@ from . import Exercise, close, expect, register
 EX_COPY = "ex04_copy_time"
 EX_MAKESPAN = "ex04_overlap_makespan"
 
-MiB = 1 << 20
 
 
 def _number(x: Any) -> float | None:
@@ -107,8 +106,8 @@ REACH = {"narrow": (16, _one_copy_each), "wide": (1024, _plain_lsq)}
 
 
 def _copy_sweep(rng: random.Random, kind: str, noise: float) -> dict:
-    """A sweep of copies from 1 KiB with times off by up to `noise`, drawn so that the wrong method REACH names
-    for its kind misses by at least twice the tolerance."""
+    """A sweep of copies from just below the knee, with times off by up to `noise`, drawn so that the wrong method
+    REACH names for its kind misses by at least twice the tolerance."""
     reach, wrong = REACH[kind]
     while True:
         t0_us, gbps = round(rng.uniform(2.0, 30.0), 2), round(rng.uniform(5.0, 60.0), 1)
