@@ -483,6 +483,17 @@ def test_gpu_facts_ask_that_rank_0_never_finished(ended, right):
             check_gpu_facts(data)
 
 
+@pytest.mark.parametrize("ended, who", [
+    ("rank 0 was still running after the 30 s timeout, so every worker was stopped.", "the launcher"),
+    ("ranks 0, 1 were still running after the 30 s timeout, so every worker was stopped.", "the launcher"),
+    ("rank 0 failed first: died with SIGABRT", "rank 0 itself"),
+    ("rank 1 failed first: RuntimeError: boom", "not rank 0's watchdog"),
+])
+def test_the_flight_recorder_cell_says_who_ended_rank_0(nb, ended, who):
+    """The prose after it explains both endings; the cell prints which one this run had."""
+    assert nb["who_ended"](ended).startswith(who)
+
+
 @pytest.mark.multigpu
 def test_the_gpu_tools_live_show_the_facts(nb):
     """Section 8's three runs, live on two GPUs, by the notebook's own functions (no worker left behind)."""
@@ -492,4 +503,5 @@ def test_the_gpu_tools_live_show_the_facts(nb):
                              timeout=nb["BACKSTOP_S"]).values())
     data = {"device": device, "nccl_debug": nb["nccl_debug_lines"](), "flight_recorder": nb["flight_recorder"]()}
     print("\n" + "\n".join(check_gpu_facts(data)))
+    assert nb["who_ended"](data["flight_recorder"]["ended"]).startswith("the launcher")  # the prose's finding
     assert own_workers() == []
