@@ -511,3 +511,12 @@ def test_gather_through_launch_on_gloo():
     assert abs(ar[0].end_ms - ar[1].end_ms) < 20
     assert ar[0].start_ms < work[1].start_ms < ar[0].end_ms  # rank 0 waits in the collective for rank 1
     assert skew0 is not None and skew0 >= 0 and not math.isnan(skew0)
+
+
+def test_the_footer_mentions_yellow_bands_only_where_a_named_range_is_drawn():
+    work = [S("k", "compute", 0, 1, "main"), S("k2", "compute", 0.5, 1, "side")]
+    plain = _footer(Timeline.from_spans(work, mode="kernels").plot())
+    ranged = _footer(Timeline.from_spans(work + [S("step", RANGE, 0, 1, "main")], mode="kernels").plot())
+    assert plain.startswith("kernels mode:") and "yellow" not in plain
+    assert "yellow bands are named ranges" in ranged
+    assert "at once: 50% of the 1.000 ms when any computed" in plain  # what the share is of, said where it is printed

@@ -35,7 +35,7 @@ LABELS = {"compute": "compute", "h2d": "memcpy H2D", "d2h": "memcpy D2H", "d2d":
           "comm": "communication", "host": "host/CPU", "wait": "wait/idle"}
 MODE_NOTES = {
     "kernels": "kernels mode: bars are what the profiler saw run (kernels and copies on a GPU, through CUPTI; "
-               "CPU ops without one); yellow bands are named ranges, not work",
+               "CPU ops without one)",
     "events": "events mode: GPU bars are stream progress between CUDA events (a bar may include time the "
               "stream waited for the GPU), not kernel execution",
 }
@@ -225,7 +225,10 @@ def footer(spans: list[Span], mode: str | None = None, skew_ms: float | None = N
     """The text under the plot: what bars mean in this mode, the stats, how well ranks are aligned."""
     text = timeline_stats(spans).summary()
     if mode in MODE_NOTES:
-        text = "\n".join(textwrap.wrap(MODE_NOTES[mode], 80)) + "\n" + text
+        note = MODE_NOTES[mode]
+        if any(s.kind == RANGE for s in spans):  # only where the plot has them
+            note += "; yellow bands are named ranges, not work"
+        text = "\n".join(textwrap.wrap(note, 80)) + "\n" + text
     if skew_ms is not None:
         text += f"\n  ranks aligned to within about {skew_ms * 1000:.0f} µs" + (f" ({skew_note})" if skew_note else "")
     return text

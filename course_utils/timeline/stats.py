@@ -68,7 +68,8 @@ class TimelineStats:
         """A few lines of text, as printed under a plot: only the numbers that apply."""
         head = [f"makespan {self.makespan_ms:.3f} ms"]
         if self.compute_overlap is not None:
-            head.append(f"compute on 2+ streams at once: {self.compute_overlap:.0%} of {self.compute_ms:.3f} ms")
+            head.append(f"compute on 2+ streams at once: {self.compute_overlap:.0%} of the {self.compute_ms:.3f} ms "
+                        "when any computed")
         if self.comm_compute_overlap is not None:
             head.append(f"comm hidden under compute: {self.comm_compute_overlap:.0%} of {self.comm_ms:.3f} ms")
         if self.copy_compute_overlap is not None:

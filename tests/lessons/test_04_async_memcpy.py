@@ -620,6 +620,7 @@ def test_notebook_claims_on_copies_and_waiting():
     cs = ns["change_source_in_flight"]()
     print(cs)
     assert cs["pinned"]["got_new"] == 1.0 and cs["pageable"]["got_new"] == 0.0
+    assert cs["pageable"]["call_ms"] > 0.5 * cs["busy_ms"], cs  # the summary's hidden stream sync
     mc = ns["many_copies"]()
     print(mc)
     assert mc["all_arrived"]
@@ -690,10 +691,28 @@ def test_pageable_fall_compares_small_and_large_copies_with_the_cpu_copy():
     assert fall["CPU copy into pinned (1 thread)"] == (20.0, 10.0)
 
 
+@pytest.mark.parametrize("h2d, cpu, l3, says", [
+    ((13.9, 12.0), (20.0, 10.0), 300 * MiB, "did not slow down much"),
+    ((12.5, 6.5), (15.3, 5.2), 300 * MiB, "slower than the whole pageable copy (6.5 GB/s)"),  # the H200's numbers
+    ((12.5, 6.5), (8.0, 7.5), 300 * MiB, "but the CPU's own copy into pinned memory did not (1.1x)"),
+    ((12.5, 6.5), (30.0, 10.0), 300 * MiB, "source and destination, 512 MiB, outgrow the last-level cache"),
+    ((12.5, 6.5), (30.0, 10.0), 1024 * MiB, "although source and destination fit in the last-level cache"),
+])
+def test_the_fall_verdict_reads_the_rates(h2d, cpu, l3, says):
+    verdict = notebook_functions("pageable_fall")["fall_verdict"](
+        {"h2d pageable": h2d, "d2h pageable": (12.5, 12.5), "CPU copy into pinned (1 thread)": cpu}, 256 * MiB, l3)
+    assert says in verdict, verdict
+
+
 def test_the_recording_shows_to_cpu_non_blocking_is_pinned_and_stale_before_the_sync():
     tc = recorded("to_cpu_too_early")["to_cpu_too_early"]
     assert tc["pinned"] is True and tc["early"] < 1.0 and tc["after_sync"] == 1.0, tc
     assert tc["early_done"] is False and 42.0 not in tc["early_first"], tc  # read while the copy was still queued
+
+
+def test_the_recording_shows_a_pageable_non_blocking_copy_waiting_for_the_stream():
+    cs = recorded("source_in_flight")["source_in_flight"]
+    assert cs["pageable"]["call_ms"] > 0.5 * cs["busy_ms"] and cs["pinned"]["call_ms"] < 1.0, cs
 
 
 def test_the_recording_shows_per_stream_pools():

@@ -297,3 +297,39 @@ def test_recording_holds_every_key(notebook):
     sbn = rec.data["sync_bn"]
     assert sbn["0"]["running mean / 0.1"] == pytest.approx(sbn["0"]["global batch mean"], abs=2e-3)
     assert sbn["0"]["running mean / 0.1"] == sbn["1"]["running mean / 0.1"]
+
+
+def cell_with(nb: dict, start: str) -> str:
+    """The source of the one code cell that starts with `start`."""
+    found = [s for c in nb["cells"] if c["cell_type"] == "code" and (s := "".join(c["source"])).startswith(start)]
+    assert len(found) == 1, (start, len(found))
+    return found[0]
+
+
+def test_ddp_options_show_what_the_prose_says(notebook):
+    """Sections on Join's divisor, hooks under autocast, static_graph and DDP's buckets, run as their cells (on
+    two gloo ranks here): their printed lines say what the prose around them explains."""
+    setup = [cell_with(notebook, s) for s in ("import torch\n", "import contextlib", "import json",
+                                              "pool = launch.Pool(NPROC)")]
+    setup.append("from torch.distributed.algorithms.ddp_comm_hooks import default_hooks\n"
+                 "from torch.distributed.algorithms.join import Join\n")
+    cells = [cell_with(notebook, s) for s in ("def join_scaling", "from torch.distributed.algorithms.ddp_comm_hooks "
+                                              "import powerSGD_hook", "class WithUnusedHead", "def ddp_buckets",
+                                              "pool.close()")]
+    text, error = run_here(setup + ["\n\n".join(cells)])
+    assert error is None, text
+    print(text)
+    assert "divide_by_initial_world_size=True: the gradient in each step, {0: [1.0], 1: [1.0, 0.5]}" in text
+    assert "divide_by_initial_world_size=False: the gradient in each step, {0: [1.0], 1: [1.0, 1.0]}" in text
+    kb = {name: float(v) for name, v in re.findall(r"^\s*([\w -]+?): \{'kB per step': ([\d.]+)", text, re.M)}
+    assert kb["autocast bf16"] == kb["fp32 all-reduce"] > 1.9 * kb["16-bit"], kb  # autocast sends fp32 gradients
+    assert re.search(r"find_unused_parameters=False, static_graph=True:\n\s+three steps, no error", text), text
+    assert re.search(r"find_unused_parameters=False, static_graph=False:\n\s+Expected to have finished", text), text
+    rows = {m[0]: (eval(m[1]), int(m[2])) for m in re.findall(  # noqa: S307 - our own printed lists
+        r"DDP\(model, (.*?)\):\s+\{'MiB per all-reduce, steps 1, 2, 3': (\[.*?\]\]), 'storages of the 24 gradients': "
+        r"(\d+)\}", text)}
+    one, two = [12.02], [1.0, 11.02]  # all twelve 1 MiB layers; a first bucket closed at 1 MiB, then the rest
+    assert rows["defaults"] == ([one, two, two], 24), rows
+    assert rows["bucket_cap_mb=25"] == ([one, one, one], 24), rows
+    assert rows["gradient_as_bucket_view=True"] == ([one, two, two], 2), rows  # the gradients live in the buckets
+    assert rows["static_graph=True"] == ([one, one, two], 24), rows
