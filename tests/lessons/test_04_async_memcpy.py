@@ -673,7 +673,7 @@ def test_stacked_runs_are_plotted_without_stats():
     """Runs stacked on one axis (each from 0 ms) never ran together: stats over them would report overlap that
     never happened ("compute on 2+ streams at once: 100%" for runs that were one after another)."""
     cells = ["".join(c["source"]) for c in notebook()["cells"] if c["cell_type"] == "code"]
-    plots = [src[m.start():m.start() + 300] for src in cells for m in re.finditer(r"stack\(\{", src)]
+    plots = [src[m.start():m.start() + 300] for src in cells for m in re.finditer(r"stack\((\{|runs\))", src)]
     assert len(plots) == 2
     assert all(".plot(" in p and "show_stats=False" in p for p in plots), plots
 
