@@ -520,3 +520,12 @@ def test_the_footer_mentions_yellow_bands_only_where_a_named_range_is_drawn():
     assert plain.startswith("kernels mode:") and "yellow" not in plain
     assert "yellow bands are named ranges" in ranged
     assert "at once: 50% of the 1.000 ms when any computed" in plain  # what the share is of, said where it is printed
+
+
+def test_events_mode_calls_its_bars_stream_progress_not_compute():
+    spans = [S("a", "compute", 0, 1, "s1"), S("b", "compute", 0.5, 1, "s2")]
+    fig = Timeline.from_spans(spans, mode="events").plot()
+    text = _footer(fig)
+    assert "2+ streams in progress at once: 50%" in text and "compute on 2+" not in text
+    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert labels == ["stream progress (between events)"], labels

@@ -33,6 +33,7 @@ COLORS = {
 RANGE_COLOR = "#fff3b0"  # pale yellow band: a named range, drawn over work, never counted as work
 LABELS = {"compute": "compute", "h2d": "memcpy H2D", "d2h": "memcpy D2H", "d2d": "memcpy D2D/P2P",
           "comm": "communication", "host": "host/CPU", "wait": "wait/idle"}
+EVENT_LABEL = "stream progress (between events)"
 MODE_NOTES = {
     "kernels": "kernels mode: bars are what the profiler saw run (kernels and copies on a GPU, through CUPTI; "
                "CPU ops without one)",
@@ -223,7 +224,7 @@ def layout(spans: list[Span]) -> Layout:
 def footer(spans: list[Span], mode: str | None = None, skew_ms: float | None = None,
            skew_note: str | None = None) -> str:
     """The text under the plot: what bars mean in this mode, the stats, how well ranks are aligned."""
-    text = timeline_stats(spans).summary()
+    text = timeline_stats(spans).summary(events=mode == "events")
     if mode in MODE_NOTES:
         note = MODE_NOTES[mode]
         if any(s.kind == RANGE for s in spans):  # only where the plot has them
@@ -315,15 +316,16 @@ def _draw_rows(b: _Bars, lay: Layout) -> tuple[list[float], float]:
     return yticks, y0
 
 
-def _legend(ax: Any, spans: list[Span], narrow: bool) -> float:
+def _legend(ax: Any, spans: list[Span], narrow: bool, mode: str | None = None) -> float:
     """One entry per kind drawn, above the axes and outside them (it never covers a bar); returns its height
-    in points, so the title can sit above it."""
+    in points, so the title can sit above it. In events mode a "compute" bar is a stream's progress, and says so."""
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
     kinds_seen = [k for k in KINDS if any(s.kind == k for s in spans)]
     handles: list[Any] = [Patch(facecolor=COLORS[k], edgecolor="black", hatch="///" if k == "wait" else None,
-                                label=LABELS[k]) for k in kinds_seen]
+                                label=EVENT_LABEL if (mode == "events" and k == "compute") else LABELS[k])
+                          for k in kinds_seen]
     if any(s.kind == RANGE for s in spans):
         handles.append(Patch(facecolor=RANGE_COLOR, edgecolor="black", label="named range (not work)"))
     if narrow:
@@ -421,7 +423,7 @@ def plot(spans: list[Span], title: str | None = None, min_width_frac: float = 0.
     bars = _Bars(ax, lay.zero, min_width_frac * lay.span_ms, in_per_ms)
     yticks, bottom = _draw_rows(bars, lay)
     _axes(ax, lay, yticks, bottom, mode)
-    legend_pt = _legend(ax, spans, bool(bars.narrow))
+    legend_pt = _legend(ax, spans, bool(bars.narrow), mode)
     if title:
         ax.set_title(title, fontsize=FONT + 1, pad=4 + legend_pt)
     _place_text(fig, ax, text, own_figure, plot_h, text_h)

@@ -64,12 +64,14 @@ class TimelineStats:
     per_rank: dict[int, dict[str, float | None]] = field(default_factory=dict)
     compute_overlap: float | None = None
 
-    def summary(self) -> str:
-        """A few lines of text, as printed under a plot: only the numbers that apply."""
+    def summary(self, events: bool = False) -> str:
+        """A few lines of text, as printed under a plot: only the numbers that apply. events: the spans are
+        CUDA-event spans (stream progress, not kernels), and the overlap line says so."""
         head = [f"makespan {self.makespan_ms:.3f} ms"]
         if self.compute_overlap is not None:
-            head.append(f"compute on 2+ streams at once: {self.compute_overlap:.0%} of the {self.compute_ms:.3f} ms "
-                        "when any computed")
+            what, when = ("2+ streams in progress at once", "when any was") if events else \
+                ("compute on 2+ streams at once", "when any computed")
+            head.append(f"{what}: {self.compute_overlap:.0%} of the {self.compute_ms:.3f} ms {when}")
         if self.comm_compute_overlap is not None:
             head.append(f"comm hidden under compute: {self.comm_compute_overlap:.0%} of {self.comm_ms:.3f} ms")
         if self.copy_compute_overlap is not None:
