@@ -272,6 +272,8 @@ def test_widened_bars_never_count_as_overlap():
     fig = tl.plot()
     widths = sorted(b.get_paths()[0].get_extents().width for b in _bars(fig))
     assert widths[0] > 0.5  # drawn at the minimum width (0.4% of 200 ms), far wider than 1 µs
+    heights = sorted(b.get_paths()[0].get_extents().height for b in _bars(fig))
+    assert heights[0] < 0.5 * heights[-1]  # ... and lower than a real bar, so many of them do not look busy
     st = tl.stats()
     assert st.copy_compute_overlap == 0.0 and st.compute_overlap == 0.0
     assert "copy hidden under compute: 0% of 0.001 ms" in _footer(fig)

@@ -237,7 +237,8 @@ def footer(spans: list[Span], mode: str | None = None, skew_ms: float | None = N
 
 # ------------------------------------------------------------------ drawing
 class _Bars:
-    """Draws bars on one axes; a bar narrower than `min_w` ms is widened to it and marked with a caret."""
+    """Draws bars on one axes; a bar narrower than `min_w` ms is widened to it, drawn at a third of the row's
+    height (so that a row of many tiny kernels does not look busy) and marked with a caret."""
 
     def __init__(self, ax: Any, zero: float, min_w: float, in_per_ms: float):
         self.ax, self.zero, self.min_w, self.narrow = ax, zero, min_w, 0
@@ -248,6 +249,7 @@ class _Bars:
         x, w = s.start_ms - self.zero, s.duration_ms
         if w < self.min_w:
             w, self.narrow = self.min_w, self.narrow + 1
+            y, h = y + h / 3, h / 3
             # One caret per few bar widths: hundreds of tiny kernels in a row would otherwise merge into a wall
             if x - self._last_caret.get(y, -math.inf) >= 3 * self.min_w:
                 self.ax.plot(x + w / 2, y - 0.02, marker="v", color="black", markersize=5, linestyle="")
