@@ -373,11 +373,15 @@ def human_bytes(n: float) -> str:
 
 
 def format_table(results: Iterable[BenchResult]) -> str:
-    """nccl-tests-like table: op, size, time (us), algbw (GB/s), busbw (GB/s) where known."""
-    lines = [f"{'op':>18} {'size':>10} {'time (us)':>11} {'algbw (GB/s)':>13} {'busbw (GB/s)':>13}"]
+    """nccl-tests-like table: op, size, time (us), algbw (GB/s), and busbw (GB/s) where any result has one (a
+    copy has none: there is no bus factor for one transfer)."""
+    results = list(results)
+    with_bus = any(r.busbw_gbps is not None for r in results)
+    lines = [f"{'op':>18} {'size':>10} {'time (us)':>11} {'algbw (GB/s)':>13}" + (f" {'busbw (GB/s)':>13}" if with_bus
+                                                                                    else "")]
     for r in results:
-        bus = f"{r.busbw_gbps:13.2f}" if r.busbw_gbps is not None else f"{'-':>13}"
-        lines.append(f"{r.op:>18} {human_bytes(r.size_bytes):>10} {r.time_ms * 1e3:11.1f} {r.algbw_gbps:13.2f} {bus}")
+        bus = (f" {r.busbw_gbps:13.2f}" if r.busbw_gbps is not None else f" {'-':>13}") if with_bus else ""
+        lines.append(f"{r.op:>18} {human_bytes(r.size_bytes):>10} {r.time_ms * 1e3:11.1f} {r.algbw_gbps:13.2f}{bus}")
     return "\n".join(lines)
 
 

@@ -77,7 +77,9 @@ def test_measure_still_times_copies():
     x = torch.zeros(1 << 16)
     r = bench.measure("h2h", x.numel() * 4, lambda: x.clone(), cuda=False, budget_ms=2)
     assert r.iters >= 3 and r.time_ms > 0 and r.algbw_gbps == pytest.approx(r.size_bytes / (r.time_ms * 1e6))
-    assert "h2h" in bench.format_table([r])
+    assert "h2h" in bench.format_table([r]) and "busbw" not in bench.format_table([r])  # no bus factor for a copy
+    both = bench.format_table([r, bench.BenchResult(**{**r.__dict__, "op": "all_reduce", "busbw_gbps": 1.0})])
+    assert "busbw" in both and both.splitlines()[1].rstrip().endswith("-")  # the copy's cell, where others have one
 
 
 # ------------------------------------------------------------------------------------------ on gloo ranks
