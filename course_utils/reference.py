@@ -175,6 +175,14 @@ class Recorder:
         rec = self.recording
         return f"in the recording ({rec.provenance.get('gpu', 'a GPU')})" if rec else "in the recording"
 
+    def titled(self, title: str) -> str:
+        """A plot's title, marked " [recorded on <its GPU>]" when its data comes from the recording: a plot is
+        often read apart from the line above it that says so."""
+        if self.live:
+            return title
+        rec = self.recording
+        return f"{title} [recorded on {rec.provenance.get('gpu', 'a GPU')}]" if rec else f"{title} [recorded]"
+
     def _say(self, line: str) -> None:
         if not self.quiet:
             print(line)

@@ -65,3 +65,13 @@ def test_verdicts_name_where_their_numbers_come_from(tmp_path):
     data["provenance"]["gpu"] = "NVIDIA H200"
     (tmp_path / "x.json").write_text(json.dumps(data))
     assert reference.Recorder("x", live=False, directory=tmp_path).here == "in the recording (NVIDIA H200)"
+
+
+def test_plot_titles_say_when_their_data_is_a_recording(tmp_path):
+    assert reference.Recorder("x", live=True, directory=tmp_path).titled("t") == "t"
+    assert reference.Recorder("x", live=False, directory=tmp_path).titled("t") == "t [recorded]"
+    reference.save("x", {"k": 1}, directory=tmp_path)
+    data = json.loads((tmp_path / "x.json").read_text())
+    data["provenance"]["gpu"] = "NVIDIA H200"
+    (tmp_path / "x.json").write_text(json.dumps(data))
+    assert reference.Recorder("x", live=False, directory=tmp_path).titled("t") == "t [recorded on NVIDIA H200]"
