@@ -301,7 +301,10 @@ def _draw_marks(ax: Any, row: RowLayout, y0: float, zero: float, span_ms: float)
     for m in row.marks:
         ax.plot([m.start_ms - zero] * 2, [y0, y0 + row.height], linestyle="--", color="black", linewidth=0.8)
         if m.start_ms - last_label > 0.08 * span_ms:
-            ax.text(m.start_ms - zero, y0, f" {m.name}", fontsize=BAR_FONT, va="bottom")
+            x = m.start_ms - zero
+            right = x > 0.85 * span_ms  # near the right edge: the name goes left of its line, inside the axes
+            ax.text(x, y0, f"{m.name} " if right else f" {m.name}", fontsize=BAR_FONT, va="bottom",
+                    ha="right" if right else "left")
             last_label = m.start_ms
 
 
