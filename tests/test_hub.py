@@ -35,7 +35,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.launch_helpers import listening
+from tests.launch_helpers import assert_gone, listening
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "launch" / "hub"))
@@ -296,26 +296,6 @@ def processes_of(names: list[str]) -> list:
     return [p for p in psutil.process_iter(["uids"]) if p.info["uids"] and p.info["uids"].real in uids]
 
 
-def still_running(names: list[str], within: float = 10.0) -> list[str]:
-    """These accounts' processes still there after `within` seconds, described. A server that has just exited can
-    be a zombie for a moment, until the process that started it (slurmstepd, the spawner) reaps it: it is waited
-    for like the rest, and named as a zombie if it stays."""
-    import psutil
-
-    deadline = time.monotonic() + within
-    while (left := processes_of(names)) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    described = []
-    for p in left:
-        try:
-            described.append(" ".join(p.cmdline()))
-        except psutil.ZombieProcess:
-            described.append(f"pid {p.pid}: a zombie its parent (pid {p.ppid()}) never reaped")
-        except psutil.NoSuchProcess:
-            pass
-    return described
-
-
 def remove_accounts(names: list[str]) -> None:
     for p in processes_of(names):  # only these accounts' processes, which this test started through the hub
         try:
@@ -519,8 +499,8 @@ def test_stopping_the_hub_leaves_nothing_running(hub):
     assert culler_running(hub), "make hub's default (HUB_CULL_IDLE=3600) runs the idle culler"
     hub.stop()
     assert hub.proc.returncode is not None
-    left = still_running(list(hub.names.values()))
-    assert not left, f"still running after the hub stopped: {left}"
+    # a server that has just exited can be a zombie for a moment, until its parent reaps it: gone, not running
+    assert_gone([p.pid for p in processes_of(list(hub.names.values()))])
     assert not [p for p in ports if listening(p)], "a port is still listening after the hub stopped"
     assert "Cleaning up single-user servers" in hub.log.read_text()
 
@@ -556,4 +536,4 @@ def test_with_first_use_login_a_student_picks_their_password_once_and_idle_serve
     finally:
         first.stop()
     assert not [p for p in range(first.port, first.port + 3) if listening(p)]
-    assert not still_running(list(names.values()))
+    assert_gone([p.pid for p in processes_of(list(names.values()))])

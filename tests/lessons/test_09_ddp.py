@@ -4,6 +4,7 @@ the probes start two gloo ranks)."""
 
 from __future__ import annotations
 
+import ast
 import functools
 import json
 import re
@@ -325,7 +326,7 @@ def test_ddp_options_show_what_the_prose_says(notebook):
     assert kb["autocast bf16"] == kb["fp32 all-reduce"] > 1.9 * kb["16-bit"], kb  # autocast sends fp32 gradients
     assert re.search(r"find_unused_parameters=False, static_graph=True:\n\s+three steps, no error", text), text
     assert re.search(r"find_unused_parameters=False, static_graph=False:\n\s+Expected to have finished", text), text
-    rows = {m[0]: (eval(m[1]), int(m[2])) for m in re.findall(  # noqa: S307 - our own printed lists
+    rows = {m[0]: (ast.literal_eval(m[1]), int(m[2])) for m in re.findall(
         r"DDP\(model, (.*?)\):\s+\{'MiB per all-reduce, steps 1, 2, 3': (\[.*?\]\]), 'storages of the 24 gradients': "
         r"(\d+)\}", text)}
     one, two = [12.02], [1.0, 11.02]  # all twelve 1 MiB layers; a first bucket closed at 1 MiB, then the rest
