@@ -6,6 +6,7 @@ in this process), for lesson tests that want the grader's verdict rather than th
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import io
 import json
@@ -73,6 +74,35 @@ def _compiled_cell(source: str, filename: str):
 
     linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
     return compile(source, filename, "exec")
+
+
+def notebook_functions(nb: dict, module: str, *names: str, tools: bool = False, solutions: bool = True,
+                       replace: dict[str, str] | None = None) -> dict:
+    """What a lesson's cells call, without running its cells: in one namespace named `module`, the setup cells
+    (and with `tools`, the tools cell: the one that makes the Recorder) run whole; of every other code cell (not
+    magics; solution cells only with `solutions`), only its imports, functions and UPPERCASE constants. `replace`
+    maps a grade_id to a wrong answer in place of its solution block. Each cell's source is kept in linecache (so
+    tracebacks and stacks, the ranks' too, show its lines). Asserts that the notebook still defines `names`."""
+    ns: dict = {"__name__": module}
+    for i, c in enumerate(c for c in nb["cells"] if c["cell_type"] == "code"):
+        src = "".join(c["source"])
+        gid = c["metadata"].get("nbgrader", {}).get("grade_id", "")
+        filename = f"<{module} cell {i}>"
+        if "setup" in c["metadata"].get("tags", []) or (tools and "Recorder(" in src):
+            exec(_compiled_cell(src, filename), ns)
+            continue
+        if src.lstrip().startswith("%") or (not solutions and gid.endswith("_solution")):
+            continue
+        if replace and gid.endswith("_solution") and gid[: -len("_solution")] in replace:
+            a, b = src.index("### BEGIN SOLUTION"), src.index("### END SOLUTION") + len("### END SOLUTION")
+            src = src[:a].rstrip(" ") + replace[gid[: -len("_solution")]].rstrip("\n") + src[b:]
+        keep = [n for n in ast.parse(src).body if isinstance(n, (ast.FunctionDef, ast.Import, ast.ImportFrom))
+                or (isinstance(n, ast.Assign) and all(isinstance(t, ast.Name) and t.id.isupper() for t in n.targets))]
+        # the source of what runs, line for line, for tracebacks
+        exec(_compiled_cell(ast.unparse(ast.Module(body=keep, type_ignores=[])), filename), ns)
+    missing = [n for n in names if n not in ns]
+    assert not missing, f"the notebook no longer defines {missing}"
+    return ns
 
 
 def run_in_process(sources: list[str], module: str, extra: str = "") -> tuple[str, str | None]:

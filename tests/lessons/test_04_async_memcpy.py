@@ -4,7 +4,6 @@ answer and the notebook's own measuring functions against the claims the noteboo
 
 from __future__ import annotations
 
-import ast
 import json
 import re
 from pathlib import Path
@@ -16,7 +15,7 @@ from course_utils import checks, reference
 from course_utils.checks import CheckFailed
 from course_utils.checks import async_memcpy as c04
 from course_utils.checks import async_memcpy_prefetcher as c04p
-from tests.exercise_cells import exercise_cells, run_cells
+from tests.exercise_cells import exercise_cells, notebook_functions, run_cells
 
 pytestmark = pytest.mark.gpu_timing  # on a GPU box every test here holds the GPU alone (conftest)
 ROOT = Path(__file__).resolve().parents[2]
@@ -425,32 +424,12 @@ def recorded(key: str):
     return rec.data
 
 
-def notebook_functions(*names: str) -> dict:
-    """The notebook's setup, parameters and tools cells, then only the function definitions of its other cells."""
-    ns: dict = {"__name__": "__lesson04__"}
-    for cell in notebook()["cells"]:
-        if cell["cell_type"] != "code":
-            continue
-        src = "".join(cell["source"])
-        tags = cell["metadata"].get("tags", [])
-        if "setup" in tags or "Recorder(" in src:  # setup/parameters cells and the tools cell (cell ids are not stable)
-            exec(compile(src, f"<cell {cell['id']}>", "exec"), ns)
-            continue
-        tree = ast.parse(src)
-        defs = [node for node in tree.body if isinstance(node, ast.FunctionDef) and "SOLUTION" not in
-                ast.get_source_segment(src, node)]
-        if defs:
-            exec(compile(ast.Module(body=defs, type_ignores=[]), f"<cell {cell['id']}>", "exec"), ns)
-    missing = [n for n in names if n not in ns]
-    assert not missing, f"the notebook no longer defines {missing}"
-    return ns
-
-
 def test_notebook_functions_can_be_read_without_a_gpu():
-    ns = notebook_functions("copy_sweep", "blocking_copy_wait", "read_too_early", "change_source_in_flight",
-                            "many_copies", "nonblocking_on_one_stream", "copy_engine_facts", "copies_at_once",
-                            "pin_cost", "copy_then_compute", "prefetcher_timeline", "stack", "to_cpu_too_early",
-                            "staging_cpu_copy", "pageable_fall", "per_stream_pools")
+    ns = notebook_functions(notebook(), "__lesson04__", "copy_sweep", "blocking_copy_wait", "read_too_early",
+                            "change_source_in_flight", "many_copies", "nonblocking_on_one_stream",
+                            "copy_engine_facts", "copies_at_once", "pin_cost", "copy_then_compute",
+                            "prefetcher_timeline", "stack", "to_cpu_too_early", "staging_cpu_copy", "pageable_fall",
+                            "per_stream_pools", tools=True, solutions=False)
     cases = {"a": [_span("compute", "s", 5, 6), _span("range", "s", 0, 9)], "b": [_span("h2d", "t", 2, 3)]}
     stacked = ns["stack"](cases)
     assert [(s["stream"], s["start_ms"]) for s in stacked] == [("a: s", 0.0), ("b: t", 0.0)]
@@ -465,7 +444,8 @@ def with_masters_fit(ns: dict) -> dict:
 
 
 def test_the_copy_model_is_fitted_from_the_whole_sweep_not_one_point():
-    ns = with_masters_fit(notebook_functions("fit_copy_model"))
+    ns = with_masters_fit(notebook_functions(notebook(), "__lesson04__", "fit_copy_model", tools=True,
+                                             solutions=False))
     t0_us, rate = 9.0, 50.0  # GB/s
     sizes = [1 << k for k in range(10, 29, 2)]
     results = [{"op": "h2d pinned", "size_bytes": n, "time_ms": (t0_us + n / rate / 1e3) / 1e3,
@@ -478,14 +458,15 @@ def test_the_copy_model_is_fitted_from_the_whole_sweep_not_one_point():
 
 @pytest.mark.parametrize("second_start, way", [(10.0, "one after the other"), (0.5, "at once")])
 def test_two_copies_are_told_apart_as_queued_or_sharing(second_start, way):
-    ns = notebook_functions("how_they_ran")
+    ns = notebook_functions(notebook(), "__lesson04__", "how_they_ran", tools=True, solutions=False)
     copies = [_span("h2d", "stream 1", 0.0, 10.0), _span("h2d", "stream 2", second_start, second_start + 10.0)]
     assert ns["how_they_ran"](copies)[0] == way
 
 
 def check_copy_facts(data: dict) -> list[str]:
     """What the prose says of the sweep and of two copies, on one run's data (live or recorded)."""
-    ns = with_masters_fit(notebook_functions("fit_copy_model", "how_they_ran"))
+    ns = with_masters_fit(notebook_functions(notebook(), "__lesson04__", "fit_copy_model", "how_they_ran",
+                                             tools=True, solutions=False))
     sweep, ca = data["sweep"], data["copies_at_once"]
     fit = ns["fit_copy_model"](sweep)
     link = sweep["link"]["gbps"]
@@ -605,8 +586,9 @@ def test_late_copy_batches_delay_the_copy_on_its_own_stream():
 @pytest.mark.gpu
 def test_notebook_claims_on_copies_and_waiting():
     """What the notebook's prose says about blocking, stale reads, sources in flight and one wait."""
-    ns = notebook_functions("blocking_copy_wait", "read_too_early", "change_source_in_flight", "many_copies",
-                            "nonblocking_host_time", "copy_sweep")
+    ns = notebook_functions(notebook(), "__lesson04__", "blocking_copy_wait", "read_too_early",
+                            "change_source_in_flight", "many_copies", "nonblocking_host_time", "copy_sweep",
+                            tools=True, solutions=False)
     bw = ns["blocking_copy_wait"](busy_ms=50.0)
     print(bw)
     h = bw["host_ms"]
@@ -631,15 +613,16 @@ def test_notebook_claims_on_copies_and_waiting():
     print(nb)
     assert nb["pinned"]["returned_ms"] < 0.5 * nb["pageable"]["returned_ms"]
     sweep = ns["copy_sweep"]([1 << 10, 1 << 16, 1 << 22, 1 << 26])
-    ca = notebook_functions("copies_at_once")["copies_at_once"](64 * MiB)
+    ca = notebook_functions(notebook(), "__lesson04__", "copies_at_once", tools=True,
+                            solutions=False)["copies_at_once"](64 * MiB)
     print(check_copy_facts({"sweep": sweep, "copies_at_once": ca, "read_too_early": st}))
 
 
 @pytest.mark.gpu
 def test_notebook_claims_on_streams_engines_and_pinning():
     """Same-stream copies wait for the kernel before them; a side stream's don't; pinning cold allocates."""
-    ns = notebook_functions("nonblocking_on_one_stream", "copy_engine_facts", "copies_at_once", "pin_cost",
-                            "copy_then_compute")
+    ns = notebook_functions(notebook(), "__lesson04__", "nonblocking_on_one_stream", "copy_engine_facts",
+                            "copies_at_once", "pin_cost", "copy_then_compute", tools=True, solutions=False)
     od = ns["nonblocking_on_one_stream"]()
     for where, after in (("same stream", True), ("side stream", False)):
         spans = od[where]["spans"]
@@ -679,7 +662,7 @@ def test_stacked_runs_are_plotted_without_stats():
 
 
 def test_pageable_fall_compares_small_and_large_copies_with_the_cpu_copy():
-    ns = notebook_functions("pageable_fall")
+    ns = notebook_functions(notebook(), "__lesson04__", "pageable_fall", tools=True, solutions=False)
     sizes = [MiB, 4 * MiB, 16 * MiB, 64 * MiB, 256 * MiB]
     h2d = dict(zip(sizes, [13.9, 11.0, 9.1, 6.5, 7.8], strict=True))
     results = [{"op": "h2d pageable", "size_bytes": n, "algbw_gbps": v} for n, v in h2d.items()]
@@ -699,7 +682,9 @@ def test_pageable_fall_compares_small_and_large_copies_with_the_cpu_copy():
     ((12.5, 6.5), (30.0, 10.0), 1024 * MiB, "although source and destination fit in the last-level cache"),
 ])
 def test_the_fall_verdict_reads_the_rates(h2d, cpu, l3, says):
-    verdict = notebook_functions("pageable_fall")["fall_verdict"](
+    fall_verdict = notebook_functions(notebook(), "__lesson04__", "pageable_fall", tools=True,
+                                      solutions=False)["fall_verdict"]
+    verdict = fall_verdict(
         {"h2d pageable": h2d, "d2h pageable": (12.5, 12.5), "CPU copy into pinned (1 thread)": cpu}, 256 * MiB, l3)
     assert says in verdict, verdict
 
@@ -725,7 +710,8 @@ def test_the_recording_shows_per_stream_pools():
 @pytest.mark.gpu
 def test_notebook_claims_on_to_cpu_the_allocator_and_staging():
     """.to("cpu", non_blocking=True) is pinned and stale before the sync; blocks go back to their stream's pool."""
-    ns = notebook_functions("to_cpu_too_early", "per_stream_pools", "staging_cpu_copy")
+    ns = notebook_functions(notebook(), "__lesson04__", "to_cpu_too_early", "per_stream_pools", "staging_cpu_copy",
+                            tools=True, solutions=False)
     tc = ns["to_cpu_too_early"]()
     print(tc)
     assert tc["pinned"] is True and tc["early"] < 1.0 and tc["after_sync"] == 1.0

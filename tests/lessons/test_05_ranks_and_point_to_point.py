@@ -4,7 +4,6 @@ the notebook makes, and on two or more GPUs the same functions under NCCL (marke
 
 from __future__ import annotations
 
-import ast
 import json
 import os
 import re
@@ -17,7 +16,7 @@ import torch
 from course_utils import checks, launch
 from course_utils.checks import CheckFailed
 from course_utils.checks import ranks_and_point_to_point as p2p
-from tests.exercise_cells import _compiled_cell, exercise_cells, run_cells
+from tests.exercise_cells import _compiled_cell, exercise_cells, notebook_functions, run_cells
 
 pytestmark = pytest.mark.ranks
 
@@ -43,31 +42,11 @@ def run_in_process(ex: str, replacement: str | None) -> None:
         exec(_compiled_cell(src, f"<{ex} cell {i}>"), ns)  # its lines readable, as in a kernel
 
 
-def notebook_functions() -> dict:
-    """Every function the notebook's code cells define (solutions included), with the setup cells' names and
-    the imports the cells use, in one namespace: what the lesson's cells call, without running the cells."""
-    ns: dict = {"__name__": "__lesson05__"}
-    cells = [c for c in notebook()["cells"] if c["cell_type"] == "code"]
-    for c in cells:
-        if "setup" in c["metadata"].get("tags", []):
-            exec("".join(c["source"]), ns)
-    exec("import os, threading\nfrom course_utils import bench, launch\n", ns)
-    for c in cells:
-        src = "".join(c["source"])
-        if src.lstrip().startswith("%"):
-            continue
-        tree = ast.parse(src)
-        keep = [n for n in tree.body if isinstance(n, ast.FunctionDef)
-                or (isinstance(n, ast.Assign) and all(isinstance(t, ast.Name) and t.id.isupper() for t in n.targets))]
-        exec(compile(ast.Module(body=keep, type_ignores=[]), "<notebook>", "exec"), ns)
-    return ns
-
-
 # ------------------------------------------------------------------------------------ ex05_stuck_ranks
 
 
 def test_the_notebook_zoo_is_the_one_the_check_uses():
-    nb = notebook_functions()
+    nb = notebook_functions(notebook(), "__lesson05__")
     for world in (2, 3, 4):
         for nbytes in (1024, 64 * MiB):
             mine = {k: [[[tuple(op) for op in step] for step in steps] for steps in v]
@@ -258,7 +237,7 @@ def test_exercises_end_to_end_in_a_kernel():
 
 @pytest.fixture(scope="module")
 def nb():
-    return notebook_functions()
+    return notebook_functions(notebook(), "__lesson05__")
 
 
 @pytest.fixture(scope="module")

@@ -6,9 +6,7 @@ The fault runs and the diagnose check's runs are made once per module (they star
 
 from __future__ import annotations
 
-import ast
 import json
-import linecache
 import re
 import time
 from pathlib import Path
@@ -19,6 +17,7 @@ import pytest
 from course_utils import checks
 from course_utils.checks import CheckFailed
 from course_utils.checks import debugging_distributed as c10
+from tests.exercise_cells import notebook_functions
 from tests.launch_helpers import children
 
 pytestmark = pytest.mark.ranks
@@ -50,28 +49,6 @@ def own_workers() -> list[int]:
     return left
 
 
-def notebook_functions(replace: dict[str, str] | None = None) -> dict:
-    """The notebook's imports, functions and UPPERCASE constants in one namespace, each cell's source kept in
-    linecache (so tracebacks and stacks from the ranks show its lines, as they do in a kernel). `replace` maps a
-    grade_id to a wrong answer that replaces its solution block."""
-    ns: dict = {"__name__": "__lesson10__"}
-    for i, c in enumerate(code_cells()):
-        src = "".join(c["source"])
-        gid = c["metadata"].get("nbgrader", {}).get("grade_id", "")
-        if replace and gid.endswith("_solution") and gid[: -len("_solution")] in replace:
-            a, b = src.index("### BEGIN SOLUTION"), src.index("### END SOLUTION") + len("### END SOLUTION")
-            src = src[:a].rstrip(" ") + replace[gid[: -len("_solution")]].rstrip("\n") + src[b:]
-        tree = ast.parse(src)
-        keep = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.Import, ast.ImportFrom))
-                or (isinstance(n, ast.Assign) and all(isinstance(t, ast.Name) and t.id.isupper() for t in n.targets))]
-        filename = f"<lesson10 cell {i}>"
-        module = ast.Module(body=keep, type_ignores=[])
-        text = ast.unparse(module)  # the source of what runs, line for line, for tracebacks
-        linecache.cache[filename] = (len(text), None, text.splitlines(True), filename)
-        exec(compile(text, filename, "exec"), ns)
-    return ns
-
-
 def wrong(stem: str) -> str:
     return (WRONG / f"{stem}.py").read_text()
 
@@ -85,7 +62,7 @@ def test_what_counts_workers_left_sees_live_ranks(fork_server, monkeypatch):
     from course_utils.launch import group
 
     monkeypatch.setattr(group, "use_fork_server", lambda gpus: fork_server)  # fresh: as GPU ranks start
-    workers_left = notebook_functions()["workers_left"]
+    workers_left = notebook_functions(notebook(), "__lesson10__")["workers_left"]
     with launch.Pool(2, backend="gloo") as pool:
         assert set(pool.pids) <= set(own_workers()) and set(pool.pids) <= set(workers_left())
     assert own_workers() == [] and workers_left() == []
@@ -127,7 +104,7 @@ RUNS += [("stalled rank", "stacks"), ("type mismatch", "stacks"), ("shape mismat
 
 @pytest.fixture(scope="module")
 def nb():
-    return notebook_functions()
+    return notebook_functions(notebook(), "__lesson10__")
 
 
 @pytest.fixture(scope="module")
@@ -301,14 +278,15 @@ def test_diagnose_master_passes(diag_inputs, nb):
     ("ex10_diagnose__launcher_frame", "where the culprit stopped"),
 ])
 def test_diagnose_wrong_answers_fail(diag_inputs, stem, message):
-    answer = notebook_functions({c10.EX_DIAG: wrong(stem)})["diagnose"]
+    answer = notebook_functions(notebook(), "__lesson10__", replace={c10.EX_DIAG: wrong(stem)})["diagnose"]
     with pytest.raises(CheckFailed, match=message):
         judge_answer(diag_inputs, answer)
 
 
 @pytest.mark.slow
 def test_diagnose_reading_the_checks_memory_earns_nothing(diag_inputs):
-    answer = notebook_functions({c10.EX_DIAG: wrong("ex10_diagnose__reads_the_check")})["diagnose"]
+    answer = notebook_functions(notebook(), "__lesson10__",
+                                replace={c10.EX_DIAG: wrong("ex10_diagnose__reads_the_check")})["diagnose"]
     judge_answer(diag_inputs, answer)  # in one process (a notebook) it finds the answers ...
     with pytest.raises(CheckFailed, match=c10.EX_DIAG):  # ... not where the grader runs it
         judge_answer(diag_inputs, answer, separate_process=True)
@@ -379,7 +357,7 @@ def test_loop_masters_pass(nb, ex, entry):
 ])
 def test_loop_wrong_answers_fail(ex, stem, message):
     entry = EXERCISES[ex]
-    answer = notebook_functions({ex: wrong(stem)})[entry]
+    answer = notebook_functions(notebook(), "__lesson10__", replace={ex: wrong(stem)})[entry]
     t0 = time.perf_counter()
     with pytest.raises(CheckFailed, match=re.compile(message, re.S)):
         run_loop(ex, answer)
