@@ -609,6 +609,8 @@ def check_bench(key: str, data: dict, ns: dict) -> None:
     elif key == "bench_event_batching":
         assert data["per_call_us"] > 1.5 * data["gated_us"], data
         assert ns["batching_verdict"](data).startswith("one pair per call said")
+        assert 0 < data["own_us"] < data["gated_us"] * 1.5, data  # a kernel alone, without launches between
+        assert ns["closest_to_kernel"](data).startswith("the gated pair"), data
     elif key == "bench_l2":
         assert data["L2_MB"], data
         assert "changed the time" in ns["l2_verdict"](data["fits"]), data
@@ -624,15 +626,20 @@ def test_benchmark_verdicts_on_plain_data():
     ns = notebook_namespace(*BENCH_FUNCTIONS)
     check_bench("bench_timer", {"median_us": 30.0, "host_clock_us": 5.0}, ns)
     assert "within 1.1x" in ns["timer_verdict"]({"median_us": 5.5, "host_clock_us": 5.0})
-    check_bench("bench_event_batching", {"per_call_us": 12.0, "batched_us": 6.0, "gated_us": 2.0}, ns)
-    assert "close to it" in ns["batching_verdict"]({"per_call_us": 3.0, "batched_us": 2.1, "gated_us": 2.0})
+    check_bench("bench_event_batching", {"per_call_us": 12.0, "batched_us": 6.0, "gated_us": 2.0, "own_us": 1.5}, ns)
+    assert "close to it" in ns["batching_verdict"]({"per_call_us": 3.0, "batched_us": 2.1, "gated_us": 2.0,
+                                                     "own_us": 1.5})
+    assert ns["closest_to_kernel"]({"per_call_us": 12.0, "batched_us": 6.0, "gated_us": 20.0, "own_us": 5.0}) == (
+        "one pair around all calls (1.2x)")
     check_bench("bench_l2", {"L2_MB": 60.0, "fits": {"hot_us": 4.0, "cold_us": 9.0},
                              "too_big": {"hot_us": 60.0, "cold_us": 62.0}}, ns)
     assert "changed little" in ns["l2_verdict"]({"hot_us": 60.0, "cold_us": 62.0})
     check_bench("bench_wrong_stream", {"sleep_ms": 20.0, "current_ms": 0.03, "side_ms": 20.1}, ns)
     assert "something ordered" in ns["wrong_stream_verdict"]({"sleep_ms": 20.0, "current_ms": 20.1, "side_ms": 20.1})
     with pytest.raises(AssertionError):
-        check_bench("bench_event_batching", {"per_call_us": 2.2, "batched_us": 2.1, "gated_us": 2.0}, ns)
+        check_bench("bench_event_batching", {"per_call_us": 2.2, "batched_us": 2.1, "gated_us": 2.0, "own_us": 1.5}, ns)
+    with pytest.raises(AssertionError):  # the profiler's kernel longer than the gated calls: not a lone kernel
+        check_bench("bench_event_batching", {"per_call_us": 12.0, "batched_us": 6.0, "gated_us": 2.0, "own_us": 4.0}, ns)
 
 
 @pytest.mark.parametrize("key", ["bench_timer", "bench_do_bench", "bench_event_batching", "bench_l2",
