@@ -409,7 +409,8 @@ def judge_pipeline(inputs: dict, data: dict) -> str:
            "while chunk i is consumed, can chunk i + 1 be produced? What makes one stream wait for the other's "
            "whole queue?")
     return (f"right in all {len(runs)} runs; returned in {worst:.1f} ms with {delay:g} ms queued; "
-            f"stage kernels' time / makespan = {best:.2f} (1 = one stream at a time, 2 = both always busy)")
+            f"stage kernels' time / makespan = {best:.2f} (1 = one stream at a time; {2 * n / (n + 1):.2f} = the "
+            f"most {n} chunks allow: both busy but for the first and the last stage)")
 
 
 register(Exercise(EX_PIPELINE, entry="fixed_pipeline", probe=_pipeline_probe, judge=judge_pipeline,
