@@ -640,7 +640,8 @@ def test_benchmark_verdicts_on_plain_data():
     with pytest.raises(AssertionError):
         check_bench("bench_event_batching", {"per_call_us": 2.2, "batched_us": 2.1, "gated_us": 2.0, "own_us": 1.5}, ns)
     with pytest.raises(AssertionError):  # the profiler's kernel longer than the gated calls: not a lone kernel
-        check_bench("bench_event_batching", {"per_call_us": 12.0, "batched_us": 6.0, "gated_us": 2.0, "own_us": 4.0}, ns)
+        check_bench("bench_event_batching", {"per_call_us": 12.0, "batched_us": 6.0, "gated_us": 2.0, "own_us": 4.0},
+                    ns)
 
 
 @pytest.mark.parametrize("key", ["bench_timer", "bench_do_bench", "bench_event_batching", "bench_l2",
