@@ -334,3 +334,16 @@ def test_ddp_options_show_what_the_prose_says(notebook):
     assert rows["bucket_cap_mb=25"] == ([one, one, one], 24), rows
     assert rows["gradient_as_bucket_view=True"] == ([one, two, two], 2), rows  # the gradients live in the buckets
     assert rows["static_graph=True"] == ([one, one, two], 24), rows
+
+
+@pytest.mark.parametrize("codes, says", [
+    ([1, None], "one exited with an error, the other waited"),
+    ([None, 1], "one exited with an error, the other waited"),
+    ([None, None], "neither exited"),
+    ([1, 1], "exit codes [1, 1]"),
+])
+def test_the_same_node_rank_verdict_reads_what_the_agents_did(notebook, codes, says):
+    tree = ast.parse(cell_with(notebook, "show_env = Path("))
+    ns: dict = {}
+    exec(ast.unparse(next(n for n in tree.body if getattr(n, "name", "") == "same_node_rank_verdict")), ns)
+    assert ns["same_node_rank_verdict"](codes).startswith(says)
