@@ -324,6 +324,8 @@ def test_ddp_options_show_what_the_prose_says(notebook):
     assert "divide_by_initial_world_size=False: the gradient in each step, {0: [1.0], 1: [1.0, 1.0]}" in text
     kb = {name: float(v) for name, v in re.findall(r"^\s*([\w -]+?): \{'kB per step': ([\d.]+)", text, re.M)}
     assert kb["autocast bf16"] == kb["fp32 all-reduce"] > 1.9 * kb["16-bit"], kb  # autocast sends fp32 gradients
+    dtypes = dict(re.findall(r"^\s*([\w -]+?): \{.*'output dtype': '(\w+)'\}", text, re.M))
+    assert dtypes["autocast bf16"] == "bfloat16" and dtypes["fp32 all-reduce"] == "float32", dtypes  # it ran bf16
     assert re.search(r"find_unused_parameters=False, static_graph=True:\n\s+three steps, no error", text), text
     assert re.search(r"find_unused_parameters=False, static_graph=False:\n\s+Expected to have finished", text), text
     rows = {m[0]: (ast.literal_eval(m[1]), int(m[2])) for m in re.findall(
