@@ -154,3 +154,17 @@ def listening(port: int) -> bool:
         return True
     except OSError:
         return False
+
+
+def listeners(ports: list[int]) -> dict[int, int | None]:
+    """{port: pid} for each of `ports` that a process on this machine listens on (None: psutil cannot say which)."""
+    wanted = set(ports)
+    return {c.laddr.port: c.pid for c in psutil.net_connections("tcp")
+            if c.status == psutil.CONN_LISTEN and c.laddr.port in wanted}
+
+
+def left_listening(before: dict[int, int | None]) -> list[int]:
+    """The ports of `before` (listeners() taken before a stop) that the same process still listens on: a server left
+    behind. A port another process listens on now was free again and taken, under parallel tests by another test's
+    kernel or server: not counted. A listener psutil cannot name is."""
+    return sorted(port for port, pid in listeners(list(before)).items() if pid is None or pid == before[port])

@@ -38,7 +38,7 @@ import nbformat
 import pytest
 
 from course_utils.grading.release import dumps, exercises, student_version
-from tests.launch_helpers import listening
+from tests.launch_helpers import left_listening, listeners
 
 ROOT = Path(__file__).resolve().parents[1]
 MASTERS = ROOT / "notebooks"
@@ -471,8 +471,9 @@ def test_nothing_is_left_running(lab, page):
     shut_down_kernels(lab)
     assert lab.api("kernels") == [] and lab.api("sessions") == []
     family = lab.started + lab.descendants()
+    before = listeners([lab.port])
     lab.stop()
     _, alive = psutil.wait_procs(family, timeout=10)
     alive = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     assert not alive, f"still running after the lab stopped: {[' '.join(p.cmdline())[:200] for p in alive]}"
-    assert not listening(lab.port)
+    assert not left_listening(before)

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.launch_helpers import assert_gone, listening
+from tests.launch_helpers import assert_gone, left_listening, listeners, listening
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "launch" / "hub"))
@@ -494,14 +494,17 @@ def test_a_students_saved_work_survives_a_restart_of_their_server(hub):
 
 
 def test_stopping_the_hub_leaves_nothing_running(hub):
-    ports = [hub.port + k for k in range(3)] + [p for s in servers().values() for p in s["ports"]]
+    ours = set(hub.names.values())  # a server of another hub on this machine (another test's) is not ours to check
+    ports = [hub.port + k for k in range(3)] + [p for name, s in servers().items() if name in ours for p in s["ports"]]
     assert len(ports) > 3
     assert culler_running(hub), "make hub's default (HUB_CULL_IDLE=3600) runs the idle culler"
+    before = listeners(ports)
+    assert sorted(before) == sorted(set(ports)), before
     hub.stop()
     assert hub.proc.returncode is not None
     # a server that has just exited can be a zombie for a moment, until its parent reaps it: gone, not running
     assert_gone([p.pid for p in processes_of(list(hub.names.values()))])
-    assert not [p for p in ports if listening(p)], "a port is still listening after the hub stopped"
+    assert not left_listening(before), "a port is still listening after the hub stopped"
     assert "Cleaning up single-user servers" in hub.log.read_text()
 
 
@@ -534,6 +537,7 @@ def test_with_first_use_login_a_student_picks_their_password_once_and_idle_serve
         assert hub.mine in (Path(pwd.getpwnam(names["s1"]).pw_dir) / "workspace" / "notebooks"
                             / "00_start_here.ipynb").read_text(), "culling took the student's work"
     finally:
+        before = listeners(list(range(first.port, first.port + 3)))
         first.stop()
-    assert not [p for p in range(first.port, first.port + 3) if listening(p)]
+    assert not left_listening(before)
     assert_gone([p.pid for p in processes_of(list(names.values()))])

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.launch_helpers import assert_gone, listening
+from tests.launch_helpers import assert_gone, left_listening, listeners
 from tests.test_hub import (
     Hub,
     _why_not,
@@ -209,11 +209,13 @@ def test_stopping_the_hub_cancels_the_job_and_leaves_nothing(slurm_hub):
         port for name in (hub.names["s1"], hub.names["s2"]) for port in listening_ports(
             server_of(pwd.getpwnam(name).pw_uid))]
     assert len(ports) > 3
+    before = listeners(ports)
+    assert sorted(before) == sorted(set(ports)), before
     hub.stop()
     assert jobs(hub.cluster) == [], "a job is still in the queue after the hub stopped"
     # a server that has just exited can be a zombie until slurmstepd reaps it: gone, not running
     assert_gone([p.pid for p in processes_of(list(hub.names.values()))])
-    assert not [p for p in ports if listening(p)], "a port is still listening after the hub stopped"
+    assert not left_listening(before), "a port is still listening after the hub stopped"
     log = hub.log.read_text()
     assert "Cleaning up single-user servers" in log and "Stopping server job" in log
     marker = getattr(hub, "marker", None)
