@@ -127,6 +127,10 @@ class Box:
         os.chmod(self.locks, 0o1777)
         (tmp / "execute.py").write_text(EXECUTE)
         self.gpu_ids = gpu_lock.visible_gpus()
+        self.jupyter = from_env({"COURSE_HUB_DIR": str(tmp / "hub")}).jupyter
+        write_kernel_spec(self.jupyter, self.py)  # the hub's kernel spec, the same whatever the policy
+        for p in (self.jupyter.parent, self.jupyter):
+            os.chmod(p, 0o755)
         for name in names:
             subprocess.run(["useradd", "--create-home", "--user-group", name], check=True)
             os.chmod(pwd.getpwnam(name).pw_dir, 0o700)
@@ -134,10 +138,7 @@ class Box:
     def settings(self, policy: str):
         s = from_env({"COURSE_HUB_REPO": str(self.repo), "COURSE_HUB_DIR": str(self.tmp / "hub"),
                       "COURSE_HUB_GPUS": policy, "COURSE_HUB_GPU_IDS": ",".join(self.gpu_ids)})
-        assert not check_policy(policy, self.names, self.gpu_ids)
-        write_kernel_spec(s.jupyter, self.py)
-        for p in (s.hub_dir, s.jupyter.parent):
-            os.chmod(p, 0o755)
+        assert not check_policy(policy, self.names, self.gpu_ids) and s.jupyter == self.jupyter
         return s
 
     def env(self, name: str, policy: str) -> dict[str, str]:
