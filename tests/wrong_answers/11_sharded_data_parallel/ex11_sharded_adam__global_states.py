@@ -1,21 +1,20 @@
-        # WRONG (whole Adam states for every parameter, kept in a module-level dict instead of on the object)
-        global ADAM_STATES
-        ADAM_STATES = {}  # parameter -> (exp_avg, exp_avg_sq): not the optimizer's, so not counted as its memory
+        # WRONG (whole Adam states for every parameter, in a module-level torch.optim.Adam instead of on the object;
+        # torch's own Adam, so that the parameters come out right and only the bytes can give it away)
+        global WHOLE_ADAM
         self.world = dist.get_world_size()
         groups = list(params)
         if not groups or not isinstance(groups[0], dict):
             groups = [{"params": groups}]
         defaults = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay}
-        self.groups = [({k: g.get(k, v) for k, v in defaults.items()}, [p for p in g["params"] if p.requires_grad])
-                       for g in groups]
-        self.t = 0
+        self.groups = [[p for p in g["params"] if p.requires_grad] for g in groups]
+        WHOLE_ADAM = torch.optim.Adam([{**{k: g.get(k, v) for k, v in defaults.items()}, "params": ps}
+                                       for g, ps in zip(groups, self.groups) if ps])
         ### NEXT SOLUTION
-        for _, params in self.groups:
+        for params in self.groups:
             for p in params:
                 p.grad = None
         ### NEXT SOLUTION
-        self.t += 1
-        for settings, params in self.groups:
+        for params in self.groups:
             if not params:
                 continue
             n = sum(p.numel() for p in params)
@@ -25,16 +24,8 @@
             mine = torch.empty(shard)
             reduce_scatter_tensor(mine, flat)
             all_gather_into_tensor(flat, mine / self.world)  # the averaged gradient, whole, on every rank
-            b1, b2 = settings["betas"]
-            bc1, bc2 = 1 - b1 ** self.t, (1 - b2 ** self.t) ** 0.5
             offset = 0
-            with torch.no_grad():
-                for p in params:
-                    grad = flat[offset:offset + p.numel()].view_as(p) + settings["weight_decay"] * p
-                    offset += p.numel()
-                    if p not in ADAM_STATES:
-                        ADAM_STATES[p] = (torch.zeros_like(p), torch.zeros_like(p))
-                    m, v = ADAM_STATES[p]
-                    m.mul_(b1).add_(grad, alpha=1 - b1)
-                    v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
-                    p.addcdiv_(m, v.sqrt().div_(bc2).add_(settings["eps"]), value=-settings["lr"] / bc1)
+            for p in params:
+                p.grad = flat[offset:offset + p.numel()].view_as(p).clone()
+                offset += p.numel()
+        WHOLE_ADAM.step()
