@@ -29,18 +29,17 @@
             mine = torch.empty(shard)
             reduce_scatter_tensor(mine, flat)
             all_gather_into_tensor(flat, mine / self.world)  # the averaged gradient, whole, on every rank
-            grads = flat[:n].tolist()
-            values = torch.cat([p.detach().reshape(-1) for p in params]).tolist()
             b1, b2 = g["betas"]
             lr, eps, wd = g["lr"], g["eps"], g["weight_decay"]
             bc1, bc2 = 1 - b1 ** self.t, (1 - b2 ** self.t) ** 0.5
-            for i in range(n):
-                grad = grads[i] + wd * values[i]
-                m[i] = b1 * m[i] + (1 - b1) * grad
-                v[i] = b2 * v[i] + (1 - b2) * grad * grad
-                values[i] -= lr / bc1 * m[i] / (v[i] ** 0.5 / bc2 + eps)
+            offset = 0
             with torch.no_grad():
-                offset = 0
-                for p in params:
-                    p.copy_(torch.tensor(values[offset:offset + p.numel()]).view_as(p))
+                for p in params:  # torch.optim.Adam's own float32 arithmetic, one parameter at a time
+                    k = slice(offset, offset + p.numel())
+                    grad = flat[k].view_as(p).add(p, alpha=wd) if wd else flat[k].view_as(p)
+                    m_t, v_t = torch.tensor(m[k]).view_as(p), torch.tensor(v[k]).view_as(p)
+                    m_t.lerp_(grad, 1 - b1)
+                    v_t.mul_(b2).addcmul_(grad, grad, value=1 - b2)
+                    p.addcdiv_(m_t, (v_t.sqrt() / bc2).add_(eps), value=-(lr / bc1))
+                    m[k], v[k] = m_t.reshape(-1).tolist(), v_t.reshape(-1).tolist()  # back to Python floats
                     offset += p.numel()
