@@ -35,12 +35,19 @@ class Recording:
     data: Any
     provenance: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def machine(self) -> str:
+        """Its GPUs, counted when there were several ('2x NVIDIA H200'): a learner with one H200 must not read a
+        two-GPU recording as made on a machine like theirs."""
+        gpu, count = self.provenance.get("gpu", "a GPU"), self.provenance.get("gpu_count")
+        return f"{count}x {gpu}" if isinstance(count, int) and count > 1 else gpu
+
     def label(self) -> str:
-        """One line for a plot title or a notebook: 'recorded on <GPU>, torch <v>, <date>'."""
+        """One line for a plot title or a notebook: 'recorded on <GPUs>, torch <v>, <date>'."""
         p = self.provenance
         vm = ", a virtual machine" if p.get("virtual_machine") else ""
         return (
-            f"recorded on {p.get('gpu', '?')} (driver {p.get('driver', '?')}{vm}), "
+            f"recorded on {self.machine} (driver {p.get('driver', '?')}{vm}), "
             f"torch {p.get('torch', '?')}, CUDA {p.get('cuda', '?')}, {p.get('date', '?')}"
         )
 
@@ -169,19 +176,19 @@ class Recorder:
     @property
     def here(self) -> str:
         """Where a verdict's numbers come from, as it should say so: "on this machine" when measured live, else
-        "in the recording (<its GPU>)", so that a learner without a GPU never reads a recorded number as theirs."""
+        "in the recording (<its GPUs>)", so that a learner without a GPU never reads a recorded number as theirs."""
         if self.live:
             return "on this machine"
         rec = self.recording
-        return f"in the recording ({rec.provenance.get('gpu', 'a GPU')})" if rec else "in the recording"
+        return f"in the recording ({rec.machine})" if rec else "in the recording"
 
     def titled(self, title: str) -> str:
-        """A plot's title, marked " [recorded on <its GPU>]" when its data comes from the recording: a plot is
+        """A plot's title, marked " [recorded on <its GPUs>]" when its data comes from the recording: a plot is
         often read apart from the line above it that says so."""
         if self.live:
             return title
         rec = self.recording
-        return f"{title} [recorded on {rec.provenance.get('gpu', 'a GPU')}]" if rec else f"{title} [recorded]"
+        return f"{title} [recorded on {rec.machine}]" if rec else f"{title} [recorded]"
 
     def _say(self, line: str) -> None:
         if not self.quiet:

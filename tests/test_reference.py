@@ -75,3 +75,9 @@ def test_plot_titles_say_when_their_data_is_a_recording(tmp_path):
     data["provenance"]["gpu"] = "NVIDIA H200"
     (tmp_path / "x.json").write_text(json.dumps(data))
     assert reference.Recorder("x", live=False, directory=tmp_path).titled("t") == "t [recorded on NVIDIA H200]"
+    data["provenance"]["gpu_count"] = 2  # a learner with one H200 must see that the recording had two
+    (tmp_path / "x.json").write_text(json.dumps(data))
+    recorder = reference.Recorder("x", live=False, directory=tmp_path)
+    assert recorder.titled("t") == "t [recorded on 2x NVIDIA H200]"
+    assert recorder.here == "in the recording (2x NVIDIA H200)"
+    assert recorder.recording.label().startswith("recorded on 2x NVIDIA H200 (driver ")
