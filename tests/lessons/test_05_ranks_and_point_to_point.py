@@ -260,6 +260,13 @@ def test_gloo_touching_buffers_before_wait(nb, gloo_pool):
     got = gloo_pool.run(nb["touch_before_wait"], 200, 1 << 16)[1]
     values = list(got.values())
     assert values == [2.0, 0.0, 3.0]  # the send read x after fill_; y empty before wait, full after
+    assert nb["race_verdict"](values[0]) == "the fill_ changed x before the send read it"
+
+
+def test_race_verdict_says_who_got_to_x_first(nb):
+    assert nb["race_verdict"](1.0) == "the send read x before the fill_ changed it"
+    assert nb["race_verdict"](2.0) == "the fill_ changed x before the send read it"
+    assert "a mix arrived" in nb["race_verdict"](1.5)
 
 
 def test_gloo_basics(nb, gloo_pool):

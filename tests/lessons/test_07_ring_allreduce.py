@@ -102,14 +102,42 @@ def test_tables_show_naive_tree_ring_whatever_the_recordings_order_and_say_whose
     data = {"world": 2, "sizes": sizes, "seconds": {"ring": [3e-5, 1e-3], "tree": [2e-5, 2e-3],
                                                     "naive": [2e-5, 2e-3], "library": [1e-5, 5e-4]}}
     notebook_function(notebook, "compare_with_model", ns)(data, 1e-5, 1e10, "recorded")
-    header = next(line for line in capsys.readouterr().out.splitlines() if line.lstrip().startswith("size"))
-    assert header.split() == ["size", "naive", "tree", "ring"]
+    out = capsys.readouterr().out
+    header = next(line for line in out.splitlines() if line.lstrip().startswith("size"))
+    assert header.split() == ["size", "naive", "tree", "ring", "library"]
+    assert "the ring beat the tree only at the largest size, 1 MiB" in out and "that is noise" in out, out
     notebook_function(notebook, "as_results", ns)
     notebook_function(notebook, "fit_ends", ns)
     notebook_function(notebook, "show_ring_vs_library", ns)(data, "recorded", "the course's")
     out = capsys.readouterr().out
     assert "ring (the course's): alpha" in out and "yours" not in out
     assert "closest at 1 MiB (0.50), furthest behind at 1 KiB (0.33)" in out, out
+    plt.close("all")
+
+
+@pytest.mark.parametrize("model, says", [
+    (32 << 10, "they disagree: the ring's own cost per step"),  # the model's crossover far below the measured one
+    (64 << 20, "they disagree: the tree lost sooner than the model says"),  # far above it
+    (2 << 20, None),  # between the last size the tree won and the first the ring won: they agree
+])
+def test_the_model_and_the_measured_crossover_are_compared(notebook, capsys, model, says):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from course_utils import bench
+
+    sizes = [1 << k for k in range(10, 23, 2)]  # 1 KiB .. 4 MiB
+    ring = [1e-3] * 5 + [2e-3, 3e-3]
+    tree = [5e-4] * 5 + [3e-3, 5e-3]  # the ring wins from 1 MiB up
+    ns = {"bench": bench, "plt": plt, "allreduce_time": lambda a, n, s, alpha, b: 1e-3,
+          "crossover": lambda n, alpha, b: model}
+    data = {"world": 4, "sizes": sizes, "seconds": {"ring": ring, "tree": tree, "naive": tree}}
+    notebook_function(notebook, "compare_with_model", ns)(data, 1e-5, 1e10, "live")
+    out = capsys.readouterr().out
+    assert "the ring beat the tree from 1 MiB up" in out, out
+    assert (says in out) if says else ("disagree" not in out), out
     plt.close("all")
 
 
