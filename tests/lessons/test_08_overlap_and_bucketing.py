@@ -174,6 +174,22 @@ def test_the_sweep_gives_each_cap_its_own_number_of_buckets(notebook):
     assert [ns["bucket_count"](grads, c * 2**20) for c in caps] == [48, 24, 12, 8, 4, 2, 1]
 
 
+def test_a_sweep_says_which_caps_make_the_same_buckets(notebook, capsys):
+    """A sweep recorded with caps that make the same buckets (older caps) says their difference is noise."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    ns = definitions(notebook)
+    grads = [(b, 0.1 * i) for i, b in enumerate(b for _ in range(12) for b in (4096, 16 * 2**20, 16384, 16 * 2**20))]
+    sw = {"caps_mb": [1.5, 6.0, 24.0], "buckets": [30.0, 28.0, 29.0], "ddp": [29.0, 28.5, 28.0]}
+    ns["show_sweep"](sw, 20.0, grads, 0.05, 100.0, "t")
+    out = capsys.readouterr().out
+    assert "caps 1.5 and 6 MiB make the same 24 buckets: what separates their times is noise" in out, out
+    ns["show_sweep"]({**sw, "caps_mb": ns["sweep_caps_mb"](grads)[:3]}, 20.0, grads, 0.05, 100.0, "t")
+    assert "make the same" not in capsys.readouterr().out
+    ns["plt"].close("all")
+
+
 VERSIONS = ("each", "flat", "per_param", "buckets", "ddp")  # the notebook's data-parallel versions, in order
 
 
