@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Train a small classifier with DistributedDataParallel, the way production jobs do (lesson 09).
+r"""Train a small classifier with DistributedDataParallel, the way production jobs do (lesson 09).
 
     torchrun --standalone --nproc-per-node=2 launch/train_ddp.py --epochs 3
     torchrun --nnodes=2 --nproc-per-node=8 --rdzv-backend=c10d --rdzv-endpoint=HOST:29500 --rdzv-id=JOB \

@@ -349,3 +349,22 @@ def test_the_same_node_rank_verdict_reads_what_the_agents_did(notebook, codes, s
     ns: dict = {}
     exec(ast.unparse(next(n for n in tree.body if getattr(n, "name", "") == "same_node_rank_verdict")), ns)
     assert ns["same_node_rank_verdict"](codes).startswith(says)
+
+
+def test_the_scaling_table_says_what_the_baselines_do(notebook, tmp_path, capsys):
+    """With one GPU's strong batch cheaper per sample than its weak batch, strong scaling's efficiency falls by that
+    much more with no communication to blame: the line under the table says how much."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    rows = [{"gpus": 1, "strong_batch": 4096, "strong_ms": 67.2, "strong_speedup": 1.0, "strong_efficiency": 1.0,
+             "weak_batch": 1024, "weak_ms": 19.0, "weak_efficiency": 1.0},
+            {"gpus": 4, "strong_batch": 1024, "strong_ms": 20.7, "strong_speedup": 3.25, "strong_efficiency": 0.81,
+             "weak_batch": 1024, "weak_ms": 20.7, "weak_efficiency": 0.92}]
+    ns = {"scaling": {"rows": rows, "params": 134e6, "gpu": "NVIDIA H200", "global_batch": 4096, "batch": 1024},
+          "rec": reference.Recorder(STEM, live=True, directory=tmp_path)}
+    exec(cell_with(notebook, "import matplotlib.pyplot as plt\n\nif scaling"), ns)
+    out = capsys.readouterr().out
+    assert "at 4 GPUs strong and weak scaling are one run" in out, out
+    assert "strong's baseline is 12% cheaper per sample" in out, out
+    ns["plt"].close("all")
