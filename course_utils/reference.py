@@ -122,7 +122,8 @@ def save(name: str, data: Any, directory: Path | None = None, **extra: Any) -> P
     path = directory / f"{name}.json"
     record = {"name": name, "provenance": {**provenance(), **extra}, "data": data}
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+    # Keys in the order the notebook made them: a recorded table then prints its rows as the live one above it does.
+    tmp.write_text(json.dumps(record, indent=1) + "\n")
     os.replace(tmp, path)  # whole or not at all: a recording run may be stopped at any moment
     return path
 

@@ -81,3 +81,9 @@ def test_plot_titles_say_when_their_data_is_a_recording(tmp_path):
     assert recorder.titled("t") == "t [recorded on 2x NVIDIA H200]"
     assert recorder.here == "in the recording (2x NVIDIA H200)"
     assert recorder.recording.label().startswith("recorded on 2x NVIDIA H200 (driver ")
+
+
+def test_a_recording_keeps_the_order_of_its_keys(tmp_path):
+    """A recorded table prints its rows in the order the live one above it does, not sorted."""
+    reference.save("x", {"k": {"pid": 1, "RANK": 0, "WORLD_SIZE": 2}}, directory=tmp_path)
+    assert list(reference.load("x", directory=tmp_path).data["k"]) == ["pid", "RANK", "WORLD_SIZE"]
