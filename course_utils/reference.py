@@ -216,8 +216,10 @@ class Recorder:
                       f"GPU: python benchmarks/record_references.py {self.name}]")
             return None
         if key not in rec.data:
-            self._say(f"[{key}: not in recording {self.name!r} (has {sorted(rec.data)}); regenerate it on a GPU: "
-                      f"python benchmarks/record_references.py {self.name}]")
+            # A learner cannot mend this (a recording may need more GPUs than theirs): say what is missing and why.
+            self._say(f"[{key}: not shown: the recording (made on {rec.machine}, {rec.provenance.get('date', '?')}) "
+                      f"is older than this cell; the course remakes it with python benchmarks/record_references.py "
+                      f"{self.name}]")
             return None
         self._say(f"[{key}: {rec.label()}]")
         return rec.data[key]

@@ -87,3 +87,10 @@ def test_a_recording_keeps_the_order_of_its_keys(tmp_path):
     """A recorded table prints its rows in the order the live one above it does, not sorted."""
     reference.save("x", {"k": {"pid": 1, "RANK": 0, "WORLD_SIZE": 2}}, directory=tmp_path)
     assert list(reference.load("x", directory=tmp_path).data["k"]) == ["pid", "RANK", "WORLD_SIZE"]
+
+
+def test_a_cell_newer_than_its_recording_says_so(tmp_path, capsys):
+    reference.save("x", {"old": 1}, directory=tmp_path)
+    assert reference.Recorder("x", live=False, directory=tmp_path).take("new", lambda: 2) is None
+    said = capsys.readouterr().out
+    assert "[new: not shown: the recording (made on " in said and "is older than this cell" in said, said

@@ -328,8 +328,9 @@ def time_judge(inputs: dict, data: dict) -> str:
            "had every timed collective finished when you read the clock the second time?")
     expect(best <= hi, EX_TIME, f"{what}: at most {hi * 1e3:.3f} ms per call (returned in seconds)",
            f"{best * 1e3:.4f} ms at best", "what did your clock see besides the timed calls?")
-    return (f"{len(values)} runs: {', '.join(f'{v * 1e3:.3f}' for v in values)} ms per call, each the same on all "
-            f"{nproc} ranks; the check's own loop "
+    ranks_said = "both ranks" if nproc == 2 else f"all {nproc} ranks"
+    return (f"{len(values)} runs: {', '.join(f'{v * 1e3:.3f}' for v in values)} ms per call, each the same on "
+            f"{ranks_said}; the check's own loop "
             f"measured {min(samples) * 1e3:.3f} to {ref * 1e3:.3f} ms (fastest, slowest median)")
 
 

@@ -180,7 +180,7 @@ def time_judge(*ranks: dict) -> str:
 
 
 def test_time_judge_passes_a_good_measurement_and_takes_the_best_run():
-    assert "ms per call, each the same on all 2 ranks" in time_judge(fake_rank(), fake_rank())
+    assert "ms per call, each the same on both ranks" in time_judge(fake_rank(), fake_rank())
     assert time_judge(fake_rank([0.05, 0.005]), fake_rank([0.05, 0.005]))  # one noisy run of two
 
 
