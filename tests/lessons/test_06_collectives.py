@@ -322,3 +322,40 @@ def test_the_notebook_on_gpus_shows_the_facts(tmp_path):
     data = json.loads((tmp_path / f"{STEM}.json").read_text())["data"]
     assert taken_keys(json.loads(NOTEBOOK.read_text())) <= set(data)
     print("\n" + "\n".join(check_facts(data)))
+
+
+def fit_functions(nb: dict) -> dict:
+    """The functions of section 7's fit cell (the one that defines show_fit), with what they use."""
+    import ast
+
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    src = next(s for c in nb["cells"] if c["cell_type"] == "code" and "def show_fit(" in (s := "".join(c["source"])))
+    defs = [n for n in ast.parse(src).body if isinstance(n, ast.FunctionDef)]
+    ns = {"bench": bench, "plt": plt, "np": np}
+    exec(compile(ast.Module(defs, []), "<show_fit cell>", "exec"), ns)
+    return ns
+
+
+def test_the_fit_names_both_alphas_on_the_recording(notebook, capsys):
+    """Section 7 fits calls queued back to back and calls each waited for, and says what the second adds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    if STEM not in reference.available():
+        pytest.skip(f"no reference recording {STEM!r} yet")
+    ns = fit_functions(notebook)
+    rs = [bench.BenchResult.from_dict(d) for d in reference.load(STEM).data["sweep_nccl"]["results"]]
+    fit = ns["show_fit"](rs, "recorded")
+    out = capsys.readouterr().out
+    lone = bench.fit_alpha_beta(rs, op="all_reduce", mode="blocking")
+    assert fit.mode == "back_to_back" and f"each call waited for: t = {lone.alpha_us:.1f} µs" in out, out
+    assert ns["alpha_verdict"](fit.alpha_us, lone.alpha_us) in out
+    ns["plt"].close("all")
+
+
+def test_alpha_verdict(notebook):
+    verdict = fit_functions(notebook)["alpha_verdict"]
+    assert verdict(38.0, 52.5).startswith("a lone call cost 14.5 µs more than one queued behind others")
+    assert verdict(40.0, 39.0).startswith("a lone call cost no more")
