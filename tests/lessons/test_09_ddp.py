@@ -353,7 +353,8 @@ def test_the_same_node_rank_verdict_reads_what_the_agents_did(notebook, codes, s
 
 def test_the_scaling_table_says_what_the_baselines_do(notebook, tmp_path, capsys):
     """With one GPU's strong batch cheaper per sample than its weak batch, strong scaling's efficiency falls by that
-    much more with no communication to blame: the line under the table says how much."""
+    much more with no communication to blame: the line under the table says how much. A machine with fewer GPUs than
+    the recording shows the recording's table after its own."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -361,10 +362,19 @@ def test_the_scaling_table_says_what_the_baselines_do(notebook, tmp_path, capsys
              "weak_batch": 1024, "weak_ms": 19.0, "weak_efficiency": 1.0},
             {"gpus": 4, "strong_batch": 1024, "strong_ms": 20.7, "strong_speedup": 3.25, "strong_efficiency": 0.81,
              "weak_batch": 1024, "weak_ms": 20.7, "weak_efficiency": 0.92}]
-    ns = {"scaling": {"rows": rows, "params": 134e6, "gpu": "NVIDIA H200", "global_batch": 4096, "batch": 1024},
-          "rec": reference.Recorder(STEM, live=True, directory=tmp_path)}
-    exec(cell_with(notebook, "import matplotlib.pyplot as plt\n\nif scaling"), ns)
+    four = {"rows": rows, "params": 134e6, "gpu": "NVIDIA H200", "global_batch": 4096, "batch": 1024}
+    cell = cell_with(notebook, "import matplotlib.pyplot as plt\n\n\ndef show_scaling")
+    ns = {"scaling": four, "rec": reference.Recorder(STEM, live=True, directory=tmp_path)}
+    exec(cell, ns)
     out = capsys.readouterr().out
     assert "at 4 GPUs strong and weak scaling are one run" in out, out
     assert "strong's baseline is 12% cheaper per sample" in out, out
+    assert "more GPUs than this machine has" not in out  # no recording in tmp_path
+    reference.save(STEM, {"scaling": four}, directory=tmp_path)
+    two = {**four, "rows": [rows[0], {**rows[1], "gpus": 2}]}
+    exec(cell, {"scaling": two, "rec": reference.Recorder(STEM, live=True, directory=tmp_path)})
+    out = capsys.readouterr().out
+    assert out.count("MLP of 134M parameters") == 2 and "and on more GPUs than this machine has, recorded on" in out
+    exec(cell, {"scaling": four, "rec": reference.Recorder(STEM, live=True, directory=tmp_path)})
+    assert capsys.readouterr().out.count("MLP of 134M parameters") == 1  # this machine had as many: its own only
     ns["plt"].close("all")
