@@ -141,3 +141,16 @@ def grade_answers(master: str | Path, answers: dict[str, str], grader=None):
             return grader.grade(path, master)
         with grading.Grader() as own:
             return own.grade(path, master)
+
+
+def notebook_function(nb: dict, name: str, namespace: dict):
+    """The function `name` as a notebook cell defines it, compiled alone into `namespace` (which holds what it
+    uses): for a function whose cell, or whose lesson's setup, needs what a test does not have (a pool, a GPU)."""
+    for src in ("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"):
+        if src.lstrip().startswith("%"):  # a magic: not Python
+            continue
+        for node in ast.parse(src).body:
+            if isinstance(node, ast.FunctionDef) and node.name == name:
+                exec(compile(ast.Module([node], []), name, "exec"), namespace)
+                return namespace[name]
+    raise AssertionError(f"no cell defines {name}")

@@ -15,7 +15,7 @@ import pytest
 
 from course_utils import bench, checks, launch, reference
 from course_utils.checks import collectives as c06
-from tests.exercise_cells import execute_notebook, exercise_cells, run_cells, run_in_process
+from tests.exercise_cells import execute_notebook, exercise_cells, notebook_function, run_cells, run_in_process
 
 pytestmark = pytest.mark.ranks
 
@@ -325,16 +325,13 @@ def test_the_notebook_on_gpus_shows_the_facts(tmp_path):
 
 
 def fit_functions(nb: dict) -> dict:
-    """The functions of section 7's fit cell (the one that defines show_fit), with what they use."""
-    import ast
-
+    """Section 7's show_fit and alpha_verdict with what they use (the lesson's setup cells start a pool)."""
     import matplotlib.pyplot as plt
     import numpy as np
 
-    src = next(s for c in nb["cells"] if c["cell_type"] == "code" and "def show_fit(" in (s := "".join(c["source"])))
-    defs = [n for n in ast.parse(src).body if isinstance(n, ast.FunctionDef)]
     ns = {"bench": bench, "plt": plt, "np": np}
-    exec(compile(ast.Module(defs, []), "<show_fit cell>", "exec"), ns)
+    for name in ("alpha_verdict", "show_fit"):
+        notebook_function(nb, name, ns)
     return ns
 
 

@@ -5,7 +5,6 @@ master's ring on NCCL, the notebook's facts and benchmarks/ring_vs_nccl.py."""
 
 from __future__ import annotations
 
-import ast
 import functools
 import json
 import random
@@ -19,7 +18,7 @@ import torch
 
 from course_utils import checks, launch, reference
 from course_utils.checks import ring_allreduce as c07
-from tests.exercise_cells import execute_notebook, exercise_cells, run_cells, run_in_process
+from tests.exercise_cells import execute_notebook, exercise_cells, notebook_function, run_cells, run_in_process
 
 pytestmark = pytest.mark.ranks
 
@@ -74,16 +73,6 @@ def test_the_exercises_hints_open_on_request(notebook):
     assert intro.count("<summary>Hint</summary>") == 4
     for answer in ("tensor_split(3)", "get_global_rank", "Section 5", "ring_schedule"):
         assert answer in hidden and answer not in shown, answer
-
-
-def notebook_function(nb: dict, name: str, namespace: dict):
-    """The function `name` as a notebook cell defines it, compiled into `namespace`."""
-    for cell in code_cells(nb):
-        for node in ast.parse("".join(cell["source"])).body:
-            if isinstance(node, ast.FunctionDef) and node.name == name:
-                exec(compile(ast.Module([node], []), name, "exec"), namespace)
-                return namespace[name]
-    raise AssertionError(f"no cell defines {name}")
 
 
 def test_tables_show_naive_tree_ring_whatever_the_recordings_order_and_say_whose_ring(notebook, capsys):
